@@ -1,0 +1,274 @@
+"""The one training config tree: YAML + ``--set key=value`` overrides -> frozen, validated dataclasses.
+
+Field names are the YAML keys, except ``checkpoint.async`` (a Python keyword) which is ``async_save``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from training.errors import ConfigError
+from training.storage import StorageOptions
+
+MODEL_PRESETS = ("tiny", "small", "gpt2-124m", "gpt2-350m")
+_YAML_ALIASES = {"async": "async_save"}
+
+
+def _require(ok: bool, key: str, problem: str, fix: str = "") -> None:
+    if not ok:
+        raise ConfigError(key, problem, fix)
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: str = "spotray"
+
+    def __post_init__(self):
+        ok = bool(self.name) and len(self.name) <= 63 and all(c.isalnum() or c in "-_." for c in self.name)
+        _require(ok, "run.name", f"'{self.name}' is not a valid run name", "use 1-63 letters, digits, '-', '_' or '.'")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    path: str = ""
+
+    def __post_init__(self):
+        _require(bool(self.path), "data.path", "is required",
+                 "run `spotray prepare --output URL` and set data.path=URL")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    preset: str = "tiny"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        _require(self.preset in MODEL_PRESETS, "model.preset", f"unknown preset '{self.preset}'",
+                 f"choose one of {', '.join(MODEL_PRESETS)}")
+        for key in ("n_layer", "n_head", "n_embd"):
+            value = getattr(self, key)
+            _require(value is None or value > 0, f"model.{key}", f"must be positive, got {value}")
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    max_steps: int = 100
+    global_batch_size: int = 8
+    micro_batch_size: int | None = None
+    seq_len: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    log_every: int = 10
+    dtype: str = "float32"
+    compile: bool = False
+
+    def __post_init__(self):
+        _require(self.max_steps > 0, "train.max_steps", f"must be positive, got {self.max_steps}")
+        _require(self.global_batch_size > 0, "train.global_batch_size",
+                 f"must be positive, got {self.global_batch_size}")
+        _require(self.micro_batch_size is None or self.micro_batch_size > 0, "train.micro_batch_size",
+                 f"must be positive or unset, got {self.micro_batch_size}")
+        _require(self.seq_len > 0, "train.seq_len", f"must be positive, got {self.seq_len}")
+        _require(self.lr > 0, "train.lr", f"must be positive, got {self.lr}")
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "train.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _require(self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _require(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 disables), got {self.grad_clip}")
+        _require(self.log_every > 0, "train.log_every", f"must be positive, got {self.log_every}")
+        _require(self.dtype in ("float32", "bfloat16"), "train.dtype", f"unknown dtype '{self.dtype}'",
+                 "use float32 or bfloat16 (bf16 autocast)")
+
+
+@dataclass(frozen=True)
+class ScalingSection:
+    num_workers: int = 2
+    use_gpu: bool = False
+    resources_per_worker: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        _require(self.num_workers > 0, "scaling.num_workers", f"must be positive, got {self.num_workers}")
+        for key, value in self.resources_per_worker.items():
+            _require(isinstance(value, (int, float)) and value >= 0, f"scaling.resources_per_worker.{key}",
+                     f"must be a non-negative number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    path: str = "./spotray-runs"
+    every_steps: int = 50
+    keep_last: int = 3
+    async_save: bool = False
+
+    def __post_init__(self):
+        _require(bool(self.path), "checkpoint.path", "is required", "give a local directory or s3://bucket/prefix")
+        _require(self.every_steps > 0, "checkpoint.every_steps", f"must be positive, got {self.every_steps}")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
+
+
+@dataclass(frozen=True)
+class StorageSection:
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def options(self) -> StorageOptions:
+        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region)
+
+
+@dataclass(frozen=True)
+class FaultToleranceSection:
+    max_failures: int = 0
+
+    def __post_init__(self):
+        _require(self.max_failures >= -1, "fault_tolerance.max_failures",
+                 f"must be -1 (infinite), 0 (off) or a positive count, got {self.max_failures}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run: RunSection = field(default_factory=RunSection)
+    seed: int = 0
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    parallel: str = "ddp"
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    storage: StorageSection = field(default_factory=StorageSection)
+    fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)
+    audit_dir: str | None = None
+
+    def __post_init__(self):
+        _require(self.parallel in ("ddp", "fsdp"), "parallel", f"unknown value '{self.parallel}'", "use ddp or fsdp")
+        workers, batch = self.scaling.num_workers, self.train.global_batch_size
+        _require(workers <= batch, "scaling.num_workers",
+                 f"{workers} workers exceed train.global_batch_size={batch}",
+                 "lower scaling.num_workers or raise train.global_batch_size")
+        _require(batch % workers == 0, "train.global_batch_size",
+                 f"{batch} is not divisible by scaling.num_workers={workers}",
+                 "pick a global batch that every world size you resume with divides (e.g. 12 for 1, 2, 3, 4 workers)")
+
+    @property
+    def per_worker_batch(self) -> int:
+        return self.train.global_batch_size // self.scaling.num_workers
+
+    def to_dict(self) -> dict:
+        return _to_plain(self)
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        reverse = {v: k for k, v in _YAML_ALIASES.items()}
+        return {reverse.get(f.name, f.name): _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def from_dict(raw: dict) -> TrainConfig:
+    """Build a TrainConfig; unknown keys and wrong types are errors naming the key."""
+    return _build(TrainConfig, raw, prefix="")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(prefix.rstrip(".") or "<root>", f"expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        name = _YAML_ALIASES.get(key, key)
+        if name not in fields:
+            valid = ", ".join(sorted(_reverse_alias(n) for n in fields))
+            raise ConfigError(f"{prefix}{key}", "unknown key", f"valid keys here: {valid}")
+        kwargs[name] = _coerce(hints[name], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _reverse_alias(name: str) -> str:
+    return {v: k for k, v in _YAML_ALIASES.items()}.get(name, name)
+
+
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value if value is not None else {}, f"{key}.")
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    expected = typing.get_origin(hint) or hint
+    if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+        raise ConfigError(key, f"expected {getattr(expected, '__name__', expected)}, got {value!r}")
+    return value
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``["train.lr=3e-4", "scaling.use_gpu=true"]`` -> nested dict; values are parsed as YAML scalars."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(pair, "an override must look like key=value", "e.g. --set train.lr=3e-4")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(key, "conflicts with another --set of its parent key")
+        node[parts[-1]] = _parse_scalar(text)
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return text if value is None and text not in ("null", "~", "") else value
+
+
+def merge(base: dict, overlay: dict) -> dict:
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load(path: str | None, overrides: list[str] | None = None, base: dict | None = None) -> TrainConfig:
+    """Read a YAML file (optional), apply an optional base and ``--set`` overrides, validate once."""
+    raw: dict = dict(base or {})
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError("--config", f"file not found: {path}")
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError("--config", f"{path} is not valid YAML ({exc.__class__.__name__})") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError("--config", f"{path} must contain a mapping of config keys")
+        raw = merge(raw, loaded)
+    return from_dict(merge(raw, parse_overrides(overrides or [])))

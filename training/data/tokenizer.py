@@ -1,0 +1,73 @@
+"""Tokenizers: a built-in byte-level one, or a HuggingFace ``tokenizer.json``."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from training.errors import DataError, StorageError
+from training.storage import resolve
+
+BYTES = "bytes"
+_EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>")
+
+
+class Tokenizer:
+    """Turns text into token ids; ``eot_token`` separates documents."""
+
+    vocab_size: int
+    eot_token: int
+    tokenizer_id: str
+
+    def encode(self, text: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class ByteTokenizer(Tokenizer):
+    """Token = UTF-8 byte value (0..255); 256 is end-of-text."""
+
+    vocab_size = 257
+    eot_token = 256
+    tokenizer_id = BYTES
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+class HFTokenizer(Tokenizer):
+    def __init__(self, data: bytes, source: str):
+        try:
+            import tokenizers
+        except ImportError:
+            raise DataError(f"tokenizer '{source}' needs the tokenizers library: pip install tokenizers") from None
+        try:
+            self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exception for malformed files
+            raise DataError(f"tokenizer '{source}' is not a valid HuggingFace tokenizer.json: {exc}") from None
+        self.vocab_size = self._tok.get_vocab_size()
+        eot = next((i for i in map(self._tok.token_to_id, _EOT_NAMES) if i is not None), None)
+        if eot is None:
+            eot = self.vocab_size
+            self.vocab_size += 1
+        self.eot_token = eot
+        self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+
+
+def load_tokenizer(spec: str = BYTES) -> Tokenizer:
+    """``"bytes"``, or a path to a HuggingFace ``tokenizer.json`` (or a directory holding one)."""
+    if spec == BYTES:
+        return ByteTokenizer()
+    loc = resolve(spec)
+    try:
+        if loc.is_dir():
+            loc = loc.child("tokenizer.json")
+        data = loc.read_bytes()
+    except StorageError:
+        raise DataError(
+            f"tokenizer '{spec}': no tokenizer.json found there; give 'bytes' or a path to a HuggingFace tokenizer.json"
+        ) from None
+    return HFTokenizer(data, spec)

@@ -1,0 +1,130 @@
+"""Driver side of ``spotray train``: run the loop on Ray Train's TorchTrainer and summarise the run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import ray
+import ray.train
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.v2.api.report_config import CheckpointUploadMode
+
+from training import ledger
+from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed
+from training.config import TrainConfig, from_dict
+from training.data.dataset import TokenDataset
+from training.errors import SpotrayError
+from training.loop import WorkerEnv, run_root, train
+from training.storage import Location, resolve
+
+log = logging.getLogger(__name__)
+
+# Forwarded to workers so that a cluster started elsewhere reaches the same object store.
+_STORAGE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+                "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+class TrainingFailed(SpotrayError):
+    exit_code = 1
+
+
+def ray_train_fn(config: dict) -> None:
+    """Runs on every Ray Train worker: build everything heavy here from the small config dict."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = from_dict(config)
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    storage_fs = context.get_storage().storage_filesystem
+
+    def report(metrics: dict, committed: CommittedCheckpoint | None) -> None:
+        checkpoint = Checkpoint(committed.location.path, filesystem=storage_fs) if committed and rank == 0 else None
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+
+    env = WorkerEnv(rank, context.get_world_size(), ray.train.torch.get_device(), report)
+    train(cfg, env)
+
+
+def preflight(cfg: TrainConfig) -> TokenDataset:
+    """Fail fast on the driver (reads only the dataset index) before any worker starts."""
+    return TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
+
+
+def run(cfg: TrainConfig) -> dict:
+    """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
+    dataset = preflight(cfg)
+    _ensure_ray(cfg)
+    root = run_root(cfg)
+    storage = resolve(cfg.checkpoint.path, cfg.storage.options())
+    trainer = TorchTrainer(
+        ray_train_fn,
+        train_loop_config=cfg.to_dict(),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.scaling.num_workers,
+            use_gpu=cfg.scaling.use_gpu,
+            resources_per_worker=cfg.scaling.resources_per_worker or None,
+        ),
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=cfg.run.name,
+            storage_path=storage.path,
+            storage_filesystem=storage.fs,
+            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),  # retention is ours: keep_last, after commit
+        ),
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
+        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {_root_cause(exc)}") from exc
+    return summarize(cfg, dataset.num_samples, root)
+
+
+def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
+    attempts = root.child("attempts")
+    final = ledger.read_final(attempts)
+    if final is None:
+        raise TrainingFailed(f"run '{cfg.run.name}' has no finished attempt under {attempts.url}")
+    losses = ledger.lineage_losses(attempts)
+    summary = {
+        "run_name": cfg.run.name,
+        "final_step": final["final_step"],
+        "final_loss": final["final_loss"],
+        "samples_consumed": final["samples_consumed"],
+        "param_sha256": final["param_sha256"],
+        "tokens_per_s": final["tokens_per_s"],
+        "checkpoints": [c.url for c in reversed(list_committed(checkpoints_root(root)))],
+        "losses": {str(step): loss for step, loss in losses.items()},
+    }
+    if cfg.audit_dir:
+        audit = ledger.verify_exactly_once(resolve(cfg.audit_dir, cfg.storage.options()), num_samples,
+                                           final["final_step"])
+        summary["audit"] = {"exactly_once": audit.exactly_once, "samples": audit.samples,
+                            "duplicates": audit.duplicates, "missing_steps": audit.missing_steps}
+    return summary
+
+
+def write_summary(summary: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _ensure_ray(cfg: TrainConfig) -> None:
+    env_vars = {k: os.environ[k] for k in _STORAGE_ENV if k in os.environ}
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        return
+    cpus = max(os.cpu_count() or 1, cfg.scaling.num_workers + 1)
+    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else exc.__class__.__name__

@@ -1,0 +1,249 @@
+"""The training loop, independent of the launcher (Ray Train or a bare process group)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from training import ledger
+from training.checkpoint import Checkpointer, CommittedCheckpoint, RngState
+from training.config import TrainConfig
+from training.data.dataset import TokenDataset
+from training.model import GPT, GPTShape
+from training.optim import build_optimizer, build_scheduler
+from training.parallel import gradient_sync, parallelize
+from training.sampler import ElasticSampler
+from training.storage import Location, resolve
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[[dict, CommittedCheckpoint | None], None]
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    device: torch.device
+    report: Reporter
+
+
+def run_root(cfg: TrainConfig) -> Location:
+    return resolve(cfg.checkpoint.path, cfg.storage.options()).child(cfg.run.name)
+
+
+class ModelOptimState:
+    """Model + optimizer as one Stateful; DCP state dicts reshard across world sizes and DDP/FSDP."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class Progress:
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+class _Prefetcher:
+    """Reads the next step's batch in a background thread while the current step computes."""
+
+    def __init__(self, dataset: TokenDataset):
+        self.dataset = dataset
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending = None
+
+    def get(self, ids: list[int], next_ids: list[int] | None) -> torch.Tensor:
+        batch = self.pending[1].result() if self.pending and self.pending[0] == ids else self.dataset.batch(ids)
+        self.pending = (next_ids, self.pool.submit(self.dataset.batch, next_ids)) if next_ids else None
+        return batch
+
+
+def param_sha256(model: torch.nn.Module) -> str | None:
+    """SHA-256 of the full (gathered) parameters on rank 0; None on other ranks."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    digest = hashlib.sha256()
+    for key in sorted(full):
+        digest.update(key.encode())
+        digest.update(full[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
+    """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
+    torch.manual_seed(cfg.seed)
+    options = cfg.storage.options()
+    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, options)
+    shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
+    model = GPT(shape)
+    if cfg.train.compile:
+        for block in model.blocks:
+            block.compile()
+    bf16 = cfg.train.dtype == "bfloat16"
+    model = parallelize(model, cfg.parallel, env.device, bf16)
+    optimizer = build_optimizer(model, cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
+    progress = Progress()
+    state = {"model": ModelOptimState(model, optimizer), "scheduler": scheduler, "sampler": sampler,
+             "progress": progress, "rng": RngState(env.rank)}
+
+    root = run_root(cfg)
+    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size)
+    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",))
+    if restored is None:
+        torch.manual_seed(cfg.seed + env.rank)
+    elif restored.world_size != env.world_size:
+        torch.manual_seed(cfg.seed + 1_000_003 * progress.step + env.rank)
+        log.info("resumed step %d saved by %d workers on %d: RNG reseeded", progress.step, restored.world_size,
+                 env.world_size)
+    if env.rank == 0:
+        log.info("%s at step %d (%s)", "resumed" if restored else "starting", progress.step,
+                 restored.url if restored else "no checkpoint")
+
+    attempt = ledger.AttemptInfo(_shared_attempt_id(), progress.step, env.world_size, cfg.per_worker_batch)
+    attempts_root = root.child("attempts")
+    losses = ledger.LossLog(attempts_root, attempt.attempt_id)
+    audit = None
+    if cfg.audit_dir:
+        audit_root = resolve(cfg.audit_dir, options)
+        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank)
+        if env.rank == 0:
+            ledger.write_attempt(audit_root, attempt)
+    if env.rank == 0:
+        ledger.write_attempt(attempts_root, attempt)
+
+    step_fn = _StepRunner(cfg, model, optimizer, scheduler, env)
+    prefetch = _Prefetcher(dataset)
+    pending_losses: list[tuple[int, torch.Tensor]] = []
+    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
+    timed_steps, timed_seconds = 0, 0.0
+
+    def flush_logs() -> None:
+        _reduce_losses(pending_losses, tokens_per_step, losses)
+        pending_losses.clear()
+        if env.rank == 0:
+            losses.flush()
+        if audit:
+            audit.flush()
+
+    while progress.step < cfg.train.max_steps:
+        started = time.perf_counter()
+        ids = sampler.next_batch(env.rank, env.world_size)
+        upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
+        batch = prefetch.get(ids, upcoming if progress.step + 1 < cfg.train.max_steps else None)
+        pending_losses.append((progress.step + 1, step_fn(batch)))
+        progress.step += 1
+        if audit:
+            audit.record(ids)
+        step = progress.step
+        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+            _reduce_losses(pending_losses, tokens_per_step, losses)
+            pending_losses.clear()
+            if env.rank == 0:
+                log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], scheduler.get_last_lr()[0])
+        if step > 1:
+            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
+        if step % cfg.checkpoint.every_steps == 0 or step == cfg.train.max_steps:
+            flush_logs()
+            committed = checkpointer.save(step, state)
+            if committed:
+                env.report({"step": committed.step}, committed)
+
+    flush_logs()
+    committed = checkpointer.wait()
+    if committed:
+        env.report({"step": committed.step}, committed)
+    final = {
+        "final_step": progress.step,
+        "final_loss": losses.losses.get(progress.step),
+        "samples_consumed": sampler.consumed,
+        "param_sha256": param_sha256(model),
+        "tokens_per_s": timed_steps * tokens_per_step / timed_seconds if timed_seconds else None,
+        "attempt_id": attempt.attempt_id,
+    }
+    if env.rank == 0:
+        ledger.write_final(attempts_root, attempt.attempt_id, final)
+    env.report(final, None)
+    return final
+
+
+class _StepRunner:
+    """One optimizer step over a per-rank batch, split into micro-batches with gradient accumulation."""
+
+    def __init__(self, cfg: TrainConfig, model, optimizer, scheduler, env: WorkerEnv):
+        self.model, self.optimizer, self.scheduler, self.env = model, optimizer, scheduler, env
+        self.micro = cfg.train.micro_batch_size or cfg.per_worker_batch
+        self.clip = cfg.train.grad_clip
+        self.bf16 = cfg.train.dtype == "bfloat16"
+        # Each rank's sum of token losses is scaled so that the data-parallel gradient average equals the
+        # gradient of the mean loss over the whole global batch, whatever the world size.
+        self.scale = env.world_size / (cfg.train.global_batch_size * cfg.train.seq_len)
+
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
+        batch = batch.to(self.env.device, non_blocking=True)
+        chunks = batch.split(self.micro)
+        loss_sum = torch.zeros((), device=self.env.device)
+        for i, chunk in enumerate(chunks):
+            with gradient_sync(self.model, enabled=i == len(chunks) - 1):
+                with torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    logits = self.model(chunk[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+                (loss * self.scale).backward()
+            loss_sum += loss.detach()
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss_sum
+
+
+def _reduce_losses(pending: list[tuple[int, torch.Tensor]], tokens_per_step: int, losses: ledger.LossLog) -> None:
+    """One all-reduce for a window of steps: per-step mean token loss over the global batch."""
+    if not pending:
+        return
+    stacked = torch.stack([loss for _, loss in pending])
+    if dist.is_initialized():
+        dist.all_reduce(stacked)
+    for (step, _), total in zip(pending, stacked.tolist(), strict=True):
+        value = total / tokens_per_step
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
+        losses.record(step, value)
+
+
+def _shared_attempt_id() -> str:
+    box = [ledger.new_attempt_id()]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]

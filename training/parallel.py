@@ -1,0 +1,42 @@
+"""Wrap a model for data parallelism: DDP, or FSDP2 ``fully_shard`` per block then the root."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from training.model import GPT
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def parallelize(model: GPT, mode: str, device: torch.device, bf16: bool) -> torch.nn.Module:
+    if not dist.is_initialized() or dist.get_world_size() == 1 and mode == "ddp":
+        return model.to(device)
+    if mode == "ddp":
+        model = model.to(device)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
+    model = model.to(device)
+    for block in model.blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def gradient_sync(model: torch.nn.Module, enabled: bool):
+    """Context for one micro-batch: skip the gradient all-reduce on all but the last one."""
+    if isinstance(model, DistributedDataParallel):
+        return contextlib.nullcontext() if enabled else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()

@@ -1,0 +1,202 @@
+"""The one module that opens storage URLs: local paths, ``file://`` and ``s3://`` (AWS, MinIO, moto).
+
+pyarrow's filesystems are used for both: they ship with Ray (which takes the same filesystem object for
+its run storage), support ranged reads, and bring no ``botocore`` pin.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from training.errors import StorageError
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How to reach S3. ``None`` fields fall back to the standard AWS environment variables."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def resolved_endpoint(self) -> str | None:
+        return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+    def resolved_region(self) -> str:
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+@functools.cache
+def _s3_filesystem(endpoint: str | None, region: str) -> pafs.S3FileSystem:
+    kwargs: dict = {"region": region}
+    if endpoint:
+        parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https")
+    return pafs.S3FileSystem(**kwargs)
+
+
+@functools.cache
+def _local_filesystem() -> pafs.LocalFileSystem:
+    return pafs.LocalFileSystem()
+
+
+@dataclass(frozen=True)
+class Location:
+    """A resolved storage URL: a pyarrow filesystem plus a path inside it."""
+
+    url: str
+    fs: pafs.FileSystem
+    path: str
+
+    @property
+    def is_s3(self) -> bool:
+        return self.url.startswith("s3://")
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    def child(self, *parts: str) -> Location:
+        joined = "/".join(p.strip("/") for p in parts if p)
+        return Location(f"{self.url.rstrip('/')}/{joined}", self.fs, f"{self.path.rstrip('/')}/{joined}")
+
+    def exists(self) -> bool:
+        return self._info().type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        return self._info().type == pafs.FileType.Directory
+
+    def size(self) -> int:
+        info = self._info()
+        if info.type != pafs.FileType.File:
+            raise StorageError(f"{self.url}: not found")
+        return info.size
+
+    def read_bytes(self) -> bytes:
+        with self._guard("read"):
+            with self.fs.open_input_stream(self.path) as f:
+                return f.read()
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8")
+
+    def read_range(self, offset: int, nbytes: int) -> bytes:
+        with self._guard("read"):
+            with self.fs.open_input_file(self.path) as f:
+                return f.read_at(nbytes, offset)
+
+    def open_input(self) -> pafs.NativeFile:
+        """A seekable file supporting ``read_at`` (ranged GETs on S3)."""
+        with self._guard("open"):
+            return self.fs.open_input_file(self.path)
+
+    def open_output(self):
+        """A write stream; on S3 the object appears only when the stream is closed, locally it is fsynced then."""
+        with self._guard("write"):
+            self._make_parent()
+            if self.is_s3:
+                return self.fs.open_output_stream(self.path)
+            return _DurableFile(self.path)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write atomically: readers see the old object or the whole new one, never a part."""
+        with self._guard("write"):
+            self._make_parent()
+            if self.is_s3:
+                with self.fs.open_output_stream(self.path) as f:
+                    f.write(data)
+                return
+            tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode("utf-8"))
+
+    def list_names(self) -> list[str]:
+        """Names directly under this location (files and directories); empty when it does not exist."""
+        with self._guard("list"):
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos)
+
+    def delete_tree(self) -> None:
+        with self._guard("delete"):
+            if self.is_dir():
+                self.fs.delete_dir(self.path)
+
+    def delete_file(self) -> None:
+        with self._guard("delete"):
+            if self.exists():
+                self.fs.delete_file(self.path)
+
+    def _make_parent(self) -> None:
+        if not self.is_s3:
+            self.fs.create_dir(posixpath.dirname(self.path), recursive=True)
+
+    def _info(self) -> pafs.FileInfo:
+        with self._guard("stat"):
+            return self.fs.get_file_info(self.path)
+
+    def _guard(self, action: str):
+        return _StorageGuard(self.url, action)
+
+
+class _DurableFile(io.FileIO):
+    def __init__(self, path: str):
+        super().__init__(path, "wb")
+
+    def close(self) -> None:
+        if not self.closed:
+            os.fsync(self.fileno())
+        super().close()
+
+
+class _StorageGuard:
+    """Turns low-level I/O errors into one readable StorageError naming the URL."""
+
+    def __init__(self, url: str, action: str):
+        self.url, self.action = url, action
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, StorageError):
+            return False
+        if isinstance(exc, FileNotFoundError):
+            raise StorageError(f"{self.url}: not found") from exc
+        if isinstance(exc, OSError):
+            raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
+        return False
+
+
+def resolve(url: str, options: StorageOptions | None = None) -> Location:
+    """Resolve a local path, ``file://`` URL or ``s3://bucket/prefix`` into a Location."""
+    if not url:
+        raise StorageError("empty storage URL: give a local path, file:///abs/path or s3://bucket/prefix")
+    options = options or StorageOptions()
+    parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise StorageError(f"{url}: an S3 URL needs a bucket, e.g. s3://my-bucket/prefix")
+        fs = _s3_filesystem(options.resolved_endpoint(), options.resolved_region())
+        path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+        return Location(f"s3://{path}", fs, path)
+    if parsed.scheme == "file":
+        local = parsed.path
+    elif parsed.scheme == "":
+        local = url
+    else:
+        raise StorageError(f"{url}: unsupported URL scheme '{parsed.scheme}'; use a local path, file:// or s3://")
+    local = os.path.abspath(os.path.expanduser(local))
+    return Location(local, _local_filesystem(), local)
