@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, _FileSystemWriter
 
 from training.errors import CheckpointError
@@ -233,7 +234,7 @@ class Checkpointer:
             reader.fs = _DcpFileSystem(candidate.location, expected=candidate.files)
             try:
                 dcp.load(to_load, storage_reader=reader, process_group=self._group)
-            except Exception as exc:  # DCP raises the same CheckpointException on every rank
+            except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
                 reason = _first_line(exc)
                 log.warning("skipping checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
                 failures.append(f"step {candidate.step}: {reason}")

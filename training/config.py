@@ -73,6 +73,7 @@ class TrainSection:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     log_every: int = 10
+    stop_at_step: int | None = None  # end this attempt early, as a preemption would (drills); schedule unchanged
     dtype: str = "float32"
     compile: bool = False
 
@@ -88,6 +89,8 @@ class TrainSection:
         _require(self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _require(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0 disables), got {self.grad_clip}")
         _require(self.log_every > 0, "train.log_every", f"must be positive, got {self.log_every}")
+        _require(self.stop_at_step is None or 0 < self.stop_at_step <= self.max_steps, "train.stop_at_step",
+                 f"must be in 1..train.max_steps, got {self.stop_at_step}")
         _require(self.dtype in ("float32", "bfloat16"), "train.dtype", f"unknown dtype '{self.dtype}'",
                  "use float32 or bfloat16 (bf16 autocast)")
 

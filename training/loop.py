@@ -156,24 +156,25 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         if audit:
             audit.flush()
 
-    while progress.step < cfg.train.max_steps:
+    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    while progress.step < last_step:
         started = time.perf_counter()
         ids = sampler.next_batch(env.rank, env.world_size)
         upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
-        batch = prefetch.get(ids, upcoming if progress.step + 1 < cfg.train.max_steps else None)
+        batch = prefetch.get(ids, upcoming if progress.step + 1 < last_step else None)
         pending_losses.append((progress.step + 1, step_fn(batch)))
         progress.step += 1
         if audit:
             audit.record(ids)
         step = progress.step
-        if step % cfg.train.log_every == 0 or step == cfg.train.max_steps:
+        if step % cfg.train.log_every == 0 or step == last_step:
             _reduce_losses(pending_losses, tokens_per_step, losses)
             pending_losses.clear()
             if env.rank == 0:
                 log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], scheduler.get_last_lr()[0])
         if step > 1:
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
-        if step % cfg.checkpoint.every_steps == 0 or step == cfg.train.max_steps:
+        if step % cfg.checkpoint.every_steps == 0 or step == last_step:
             flush_logs()
             committed = checkpointer.save(step, state)
             if committed:

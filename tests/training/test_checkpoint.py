@@ -1,0 +1,103 @@
+"""Commit markers, integrity checks and retention (single process: DCP without a process group)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from training.checkpoint import COMMIT_MARKER, Checkpointer, list_committed
+from training.errors import CheckpointError
+from training.storage import resolve
+
+
+class Box:
+    """A minimal Stateful holding one tensor."""
+
+    def __init__(self, value: float):
+        self.tensor = torch.full((64, 64), value)
+
+    def state_dict(self) -> dict:
+        return {"t": self.tensor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tensor = state["t"]
+
+
+@pytest.fixture(params=["local", "s3"])
+def run_root(request, tmp_path):
+    if request.param == "local":
+        return resolve(str(tmp_path / "run"))
+    bucket, options = request.getfixturevalue("s3_bucket")
+    return resolve(f"{bucket}/run", options)
+
+
+def save_steps(root, steps, keep_last=10, async_save=False):
+    ckpt = Checkpointer(root, keep_last=keep_last, async_save=async_save, rank=0, world_size=1)
+    for step in steps:
+        ckpt.save(step, {"box": Box(float(step))})
+    ckpt.wait()
+    return ckpt
+
+
+def restore(root) -> tuple[int | None, float]:
+    box = Box(-1.0)
+    restored = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1).restore_latest({"box": box})
+    return (restored.step if restored else None), float(box.tensor[0, 0])
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_restore_returns_the_newest_committed_state(run_root, async_save):
+    save_steps(run_root, [10, 20], async_save=async_save)
+    assert restore(run_root) == (20, 20.0)
+    marker = json.loads(run_root.child("checkpoints", "step_000000020", COMMIT_MARKER).read_text())
+    assert marker["step"] == 20 and marker["world_size"] == 1
+    assert set(marker["files"]) == {".metadata", "__0_0.distcp"}
+
+
+def test_partial_save_without_marker_is_skipped_with_a_warning(run_root, caplog):
+    save_steps(run_root, [10, 20])
+    run_root.child("checkpoints", "step_000000020", COMMIT_MARKER).delete_file()
+    with caplog.at_level(logging.WARNING):
+        assert restore(run_root) == (10, 10.0)
+    assert "step_000000020" in caplog.text and "partial" in caplog.text
+
+
+@pytest.mark.parametrize("victim", ["__0_0.distcp", ".metadata"])
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupted_checkpoint_is_skipped_and_the_previous_one_used(run_root, victim, damage, caplog):
+    save_steps(run_root, [10, 20])
+    target = run_root.child("checkpoints", "step_000000020", victim)
+    data = bytearray(target.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    target.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert restore(run_root) == (10, 10.0)
+    assert "skipping checkpoint step 20" in caplog.text and "corrupted" in caplog.text
+
+
+def test_all_checkpoints_unreadable_is_an_error_not_a_silent_restart(run_root):
+    save_steps(run_root, [10])
+    target = run_root.child("checkpoints", "step_000000010", "__0_0.distcp")
+    target.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no committed checkpoint"):
+        restore(run_root)
+
+
+def test_fresh_run_restores_nothing(run_root):
+    assert restore(run_root) == (None, -1.0)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_retention_keeps_last_n_committed_and_drops_older_partials(run_root, async_save):
+    ckpts = run_root.child("checkpoints")
+    save_steps(run_root, [10])
+    ckpts.child("step_000000015", "__0_0.distcp").write_bytes(b"partial")  # a crashed save
+    save_steps(run_root, [20, 30, 40], keep_last=2, async_save=async_save)
+    assert [c.step for c in list_committed(ckpts)] == [40, 30]
+    assert ckpts.list_names() == ["step_000000030", "step_000000040"]

@@ -1,0 +1,57 @@
+import pytest
+
+from training import config
+from training.errors import ConfigError
+
+
+def load(*pairs):
+    return config.load(None, ["data.path=/d", *pairs])
+
+
+def test_overrides_are_typed_and_nested():
+    cfg = load("train.lr=3e-4", "checkpoint.async=true", "scaling.num_workers=4", "train.global_batch_size=16",
+               "scaling.resources_per_worker.CPU=2")
+    assert cfg.train.lr == 3e-4 and cfg.checkpoint.async_save is True and cfg.per_worker_batch == 4
+    assert cfg.scaling.resources_per_worker == {"CPU": 2}
+
+
+def test_round_trips_through_a_plain_dict():
+    cfg = load("checkpoint.async=true", "model.n_layer=3")
+    plain = cfg.to_dict()
+    assert plain["checkpoint"]["async"] is True
+    assert config.from_dict(plain) == cfg
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {path: /a}\ntrain: {lr: 0.01, max_steps: 7}\n")
+    cfg = config.load(str(path), ["train.lr=0.02"])
+    assert (cfg.data.path, cfg.train.lr, cfg.train.max_steps) == ("/a", 0.02, 7)
+
+
+@pytest.mark.parametrize("pairs,field", [
+    (["train.max_steps=0"], "train.max_steps"),
+    (["train.max_steps=true"], "train.max_steps"),
+    (["train.dtype=fp8"], "train.dtype"),
+    (["checkpoint.keep_last=0"], "checkpoint.keep_last"),
+    (["scaling.num_workers=3"], "train.global_batch_size"),
+    (["fault_tolerance.max_failures=-2"], "fault_tolerance.max_failures"),
+    (["run.name=has space"], "run.name"),
+    (["train.stop_at_step=500"], "train.stop_at_step"),
+    (["model.n_embd=100", "model.n_head=3"], None),
+])
+def test_invalid_values_name_the_field(pairs, field):
+    if field is None:  # caught when the model is shaped, not by the config alone
+        from training.model import GPTShape
+
+        with pytest.raises(ConfigError, match="model.n_head"):
+            GPTShape.from_config(load(*pairs).model, 257, 32)
+        return
+    with pytest.raises(ConfigError) as info:
+        load(*pairs)
+    assert info.value.field == field
+
+
+def test_data_path_is_required():
+    with pytest.raises(ConfigError, match="data.path"):
+        config.load(None, [])

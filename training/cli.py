@@ -1,0 +1,116 @@
+"""The ``spotray`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from importlib import resources
+
+from training.errors import SpotrayError
+
+
+def _cmd_prepare(args: argparse.Namespace) -> None:
+    from training.data.prepare import prepare
+    from training.storage import StorageOptions
+
+    index = prepare(args.input, args.output, tokenizer=args.tokenizer, shard_tokens=args.shard_tokens,
+                    options=StorageOptions(endpoint_url=args.endpoint_url))
+    print(f"prepared {index['total_tokens']:,} tokens from {index['num_documents']:,} documents "
+          f"into {len(index['shards'])} shards at {args.output}")
+
+
+def _cmd_train(args: argparse.Namespace) -> None:
+    from training import config, launch
+
+    overrides = list(args.set or [])
+    if args.audit_dir:
+        overrides.append(f"audit_dir={args.audit_dir}")
+    cfg = config.load(args.config, overrides)
+    summary = launch.run(cfg)
+    _print_summary(summary)
+    if args.summary_json:
+        launch.write_summary(summary, args.summary_json)
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from training import demo
+
+    summary = demo.run(args.workdir)
+    _print_summary(summary)
+    if args.json:
+        from training.launch import write_summary
+
+        write_summary(summary, args.json)
+
+
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from training.bench import run_bench
+
+    result = run_bench(args.which, args)
+    print(json.dumps(result, indent=2) if args.json else _format_bench(result))
+
+
+def _format_bench(result: dict) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in result.items())
+
+
+def _print_summary(summary: dict) -> None:
+    shown = {k: v for k, v in summary.items() if k != "losses"}
+    print(json.dumps(shown, indent=2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="tokenize text files into token shards + index.json")
+    p.add_argument("--input", required=True, help="file, directory or glob of text files")
+    p.add_argument("--output", required=True, help="local dir or s3://bucket/prefix")
+    p.add_argument("--tokenizer", default="bytes", help="'bytes' (default) or a path to a HF tokenizer.json")
+    p.add_argument("--shard-tokens", type=int, default=1 << 20)
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
+    p.set_defaults(func=_cmd_prepare)
+
+    p = sub.add_parser("train", help="train (or resume) a run on the Ray cluster at RAY_ADDRESS or a local one")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--summary-json", help="write the run summary here")
+    p.add_argument("--audit-dir", help="URL where each rank records the sample ids it trained on")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("demo", help="the main job on the embedded default (local Ray, local storage, CPU)")
+    p.add_argument("--workdir", default="./spotray-runs", help="where data and checkpoints go")
+    p.add_argument("--json", help="write the summary here")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
+    p.add_argument("which", choices=["checkpoint", "throughput"])
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--s3-endpoint", help="also benchmark this S3 endpoint (default: a moto server on loopback)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per measurement")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def demo_config_path() -> str:
+    return str(resources.files("training") / "configs" / "demo.yaml")
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except SpotrayError as exc:
+        print(f"spotray: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("spotray: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
