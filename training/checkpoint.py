@@ -3,12 +3,13 @@
 Layout of a run (the only place that knows it)::
 
     <checkpoint.path>/<run.name>/checkpoints/step_000000040/
-        .metadata  __0_0.distcp  __1_0.distcp  __0.sums.json  __1.sums.json  COMMITTED.json
+        .metadata  __0_0.distcp  __1_0.distcp  COMMITTED.json
 
-Every rank writes its own shard straight to storage. The coordinator's ``finish`` runs only after all ranks
-have written, and writes ``COMMITTED.json`` (sizes and CRC32s of every file) last: a directory without it is a
-partial save and is never resumed from. Reads verify sizes and checksums, so a corrupted checkpoint fails
-to load on every rank alike (DCP gathers per-rank errors) and the next older one is used.
+Every rank writes its own shard straight to storage as raw tensor bytes (DCP's ``.metadata`` has the shapes
+and each item's CRC32). The coordinator's ``finish`` runs only after all ranks have written; it writes
+``COMMITTED.json`` (every file's size, the CRC32 of ``.metadata``) last, so a directory without it is a partial
+save and is never resumed from. Reads verify sizes and checksums: a corrupted checkpoint fails to load on every
+rank alike (DCP gathers per-rank errors) and the next older one is used.
 """
 
 from __future__ import annotations
@@ -17,18 +18,30 @@ import io
 import json
 import logging
 import os
+import pickle
 import posixpath
 import time
 import zlib
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader, _FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    CURRENT_DCP_VERSION,
+    FileSystemBase,
+    FileSystemReader,
+    _FileSystemWriter,
+    _StorageInfo,
+)
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.storage import WriteResult
 
 from training.errors import CheckpointError
 from training.storage import Location
@@ -37,7 +50,8 @@ log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "COMMITTED.json"
 _FORMAT = "spotray-checkpoint"
-_CHECKSUMS = "__{rank}.sums.json"
+_DATA_SUFFIX = ".distcp"
+_METADATA = ".metadata"
 
 
 @dataclass(frozen=True)
@@ -60,40 +74,12 @@ def _step_dir_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
-class _HashingStream(io.RawIOBase):
-    """Write-through stream that records size and CRC32 of everything written, for the commit marker."""
-
-    def __init__(self, raw, on_close):
-        self._raw, self._on_close = raw, on_close
-        self._crc, self._size = 0, 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        view = memoryview(data)
-        self._raw.write(view)
-        self._crc = zlib.crc32(view, self._crc)
-        self._size += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self._size
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-            self._on_close(self._size, self._crc)
-        super().close()
-
-
 class _DcpFileSystem(FileSystemBase):
-    """DCP's filesystem seam over a storage Location: checksums what it writes, verifies what it reads."""
+    """DCP's filesystem seam over a storage Location; reads are whole-file and verified against the marker."""
 
     def __init__(self, root: Location, expected: dict | None = None):
         self.root = root
         self.expected = expected or {}
-        self.written: dict[str, dict] = {}
 
     def _loc(self, path) -> Location:
         rel = posixpath.relpath(os.fspath(path), self.root.path)
@@ -103,19 +89,15 @@ class _DcpFileSystem(FileSystemBase):
     def create_stream(self, path, mode: str):
         loc = self._loc(path)
         if "w" in mode:
-            def record(size: int, crc: int) -> None:
-                self.written[loc.name] = {"size": size, "crc32": crc}
-
-            stream = _HashingStream(loc.open_output(), record)
-            with stream:
+            with loc.open_output() as stream:
                 yield stream
             return
         yield io.BytesIO(self._verified_bytes(loc))
 
     def _verified_bytes(self, loc: Location) -> bytes:
         data = loc.read_bytes()
-        want = self.expected.get(loc.name)
-        if want is not None and (len(data) != want["size"] or zlib.crc32(data) != want["crc32"]):
+        want = self.expected.get(loc.name, {})
+        if len(data) != want.get("size", len(data)) or want.get("crc32", zlib.crc32(data)) != zlib.crc32(data):
             raise CheckpointError(f"{loc.url} is corrupted (size or CRC32 differs from {COMMIT_MARKER})")
         return data
 
@@ -126,14 +108,10 @@ class _DcpFileSystem(FileSystemBase):
         return path
 
     def rename(self, path, new_path) -> None:
-        src, dst = self._loc(path), self._loc(new_path)
-        self.root.fs.move(src.path, dst.path)
-        if src.name in self.written:
-            self.written[dst.name] = self.written.pop(src.name)
+        self._loc(path).move_to(self._loc(new_path))
 
     def mkdir(self, path) -> None:
-        if not self.root.is_s3:
-            self.root.fs.create_dir(os.fspath(path), recursive=True)
+        self._loc(path).make_dirs()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -146,26 +124,99 @@ class _DcpFileSystem(FileSystemBase):
         self._loc(path).delete_file()
 
 
+@dataclass
+class _ChecksummedInfo(_StorageInfo):
+    """DCP's per-item storage info plus the CRC32 of the item's bytes, so a reader verifies what it uses."""
+
+    crc32: int = 0
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
 class _CommittingWriter(_FileSystemWriter):
+    """One file per rank holding raw tensor bytes back to back: no per-tensor ``torch.save`` archive, since
+    shapes and dtypes are in DCP's ``.metadata`` and each item's CRC32 rides along in its storage info."""
+
     def __init__(self, location: Location, marker: dict, on_commit):
         super().__init__(location.path, sync_files=False, overwrite=True)
         self.fs = _DcpFileSystem(location)
         self.location, self.marker, self.on_commit = location, marker, on_commit
 
-    def write_data(self, plan, planner):
-        written = super().write_data(plan, planner)
-        written.wait()  # the parent writes synchronously; this just surfaces its errors before the sidecar
-        self.location.child(_CHECKSUMS.format(rank=self.rank or 0)).write_text(json.dumps(self.fs.written))
-        return written
+    def write_data(self, plan, planner) -> torch.futures.Future:
+        file_name = f"{plan.storage_data.prefix}0{_DATA_SUFFIX}"
+        results, offset = [], 0
+        with self.location.child(file_name).open_output() as stream:
+            for item in plan.items:
+                data = planner.resolve_data(item)
+                payload = data.getbuffer() if item.type == WriteItemType.BYTE_IO else _tensor_bytes(data)
+                stream.write(payload)
+                info = _ChecksummedInfo(file_name, offset, payload.nbytes, crc32=zlib.crc32(payload))
+                results.append(WriteResult(index=item.index, size_in_bytes=payload.nbytes, storage_data=info))
+                offset += payload.nbytes
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(results)
+        return done
 
     def finish(self, metadata, results) -> None:
-        super().finish(metadata, results)
-        files = dict(self.fs.written)  # .metadata
-        for rank in range(len(results)):
-            files.update(json.loads(self.location.child(_CHECKSUMS.format(rank=rank)).read_text()))
+        # Like DCP's, minus the tmp-file rename: nothing reads .metadata before COMMITTED.json exists.
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {r.index: r.storage_data for rank_results in results for r in rank_results}
+        metadata.storage_meta = self.storage_meta()
+        pickled = pickle.dumps(metadata)
+        self.location.child(_METADATA).write_bytes(pickled)
+        files = {_METADATA: {"size": len(pickled), "crc32": zlib.crc32(pickled)}}
+        for result in (r for rank_results in results for r in rank_results):
+            info = result.storage_data
+            entry = files.setdefault(info.relative_path, {"size": 0})
+            entry["size"] = max(entry["size"], info.offset + info.length)
         marker = {**self.marker, "format": _FORMAT, "version": 1, "files": files, "committed_at": time.time()}
         self.location.child(COMMIT_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
         self.on_commit()
+
+
+class _RawReader(FileSystemReader):
+    """Reads what ``_CommittingWriter`` wrote: verified whole files, tensors rebuilt from raw bytes."""
+
+    def __init__(self, location: Location, expected: dict):
+        super().__init__(location.path)
+        self.fs = _DcpFileSystem(location, expected=expected)
+        self.chunks: dict = {}
+
+    def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        for fqn, md in metadata.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                for chunk in md.chunks:
+                    self.chunks[(fqn, tuple(chunk.offsets))] = (md.properties.dtype, tuple(chunk.sizes))
+
+    def read_data(self, plan, planner) -> torch.futures.Future:
+        per_file: dict[str, list] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for relative_path, reqs in per_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                data = stream.getbuffer()
+                for req in reqs:
+                    info = self.storage_data[req.storage_index]
+                    raw = data[info.offset : info.offset + info.length]
+                    if zlib.crc32(raw) != getattr(info, "crc32", None):
+                        raise CheckpointError(f"{relative_path} is corrupted: item {req.storage_index.fqn} fails its "
+                                              "CRC32")
+                    if req.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(req, io.BytesIO(raw))
+                        continue
+                    dtype, sizes = self.chunks[(req.storage_index.fqn, tuple(req.storage_index.offset))]
+                    stored = torch.frombuffer(raw, dtype=dtype).reshape(sizes) if info.length else torch.empty(
+                        sizes, dtype=dtype)
+                    target = planner.resolve_tensor(req).detach()
+                    target.copy_(narrow_tensor_by_index(stored, req.storage_offsets, req.lengths))
+                    planner.commit_tensor(req, target)
+        done: torch.futures.Future = torch.futures.Future()
+        done.set_result(None)
+        return done
 
 
 class Checkpointer:
@@ -178,6 +229,8 @@ class Checkpointer:
         # Checkpoint collectives run on their own gloo group so an async save never interleaves with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
+        self._retention = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-retention")
+        self._stager = _persistent_stager() if async_save else None
 
     def save(self, step: int, state: dict, meta: dict | None = None) -> CommittedCheckpoint | None:
         """Save ``state`` as of ``step``. Sync: returns it once committed. Async: returns the previous save
@@ -185,9 +238,10 @@ class Checkpointer:
         previous = self.wait()
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **(meta or {})}
-        writer = _CommittingWriter(location, marker, on_commit=self._apply_retention)
+        writer = _CommittingWriter(location, marker, on_commit=self._schedule_retention)
         if self.async_save:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._group)
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._group,
+                                    async_stager=self._stager)
             self._pending = (step, getattr(future, "upload_completion", future))
             return previous
         dcp.save(state, storage_writer=writer, process_group=self._group)
@@ -205,6 +259,17 @@ class Checkpointer:
     def _committed(self, step: int) -> CommittedCheckpoint:
         location = self.root.child(_step_dir_name(step))
         return CommittedCheckpoint(step, location, self.world_size, {})
+
+    def _schedule_retention(self) -> None:
+        """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""
+        self._retention.submit(self._apply_retention)
+
+    def close(self) -> None:
+        """Wait for the in-flight save and for retention to finish."""
+        self.wait()
+        self._retention.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
 
     def _apply_retention(self) -> None:
         committed = list_committed(self.root)
@@ -230,8 +295,7 @@ class Checkpointer:
         for candidate in candidates:
             to_load = state if candidate.world_size == self.world_size else {
                 k: v for k, v in state.items() if k not in per_rank_keys}
-            reader = FileSystemReader(candidate.location.path)
-            reader.fs = _DcpFileSystem(candidate.location, expected=candidate.files)
+            reader = _RawReader(candidate.location, candidate.files)
             try:
                 dcp.load(to_load, storage_reader=reader, process_group=self._group)
             except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
@@ -246,6 +310,13 @@ class Checkpointer:
                 "restore them or start a new run.name"
             )
         return None
+
+
+def _persistent_stager() -> DefaultStager:
+    """One stager for the whole run, so its staging buffers are allocated once, not on every save."""
+    cuda = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=cuda,
+                                        use_non_blocking_copy=cuda))
 
 
 def list_committed(root: Location) -> list[CommittedCheckpoint]:

@@ -22,12 +22,14 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
-    from training import config, launch
+    from training import config
 
     overrides = list(args.set or [])
     if args.audit_dir:
         overrides.append(f"audit_dir={args.audit_dir}")
     cfg = config.load(args.config, overrides)
+    from training import launch  # Ray and torch load only once the config is known to be valid
+
     summary = launch.run(cfg)
     _print_summary(summary)
     if args.summary_json:
@@ -88,8 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput"])
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--s3-endpoint", help="also benchmark this S3 endpoint (default: a moto server on loopback)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per measurement")
+    p.add_argument("--storage", default="local,s3", help="checkpoint bench: comma-separated from local,s3")
+    p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (throughput) or saves (checkpoint)")
+    p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.set_defaults(func=_cmd_bench)
     return parser
 

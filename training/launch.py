@@ -79,7 +79,7 @@ def run(cfg: TrainConfig) -> dict:
     try:
         trainer.fit()
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
-        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {_root_cause(exc)}") from exc
+        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
     return summarize(cfg, dataset.num_samples, root)
 
 
@@ -123,7 +123,7 @@ def _ensure_ray(cfg: TrainConfig) -> None:
     ray.init(num_cpus=cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
 
 
-def _root_cause(exc: BaseException) -> str:
+def root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     text = str(exc).strip().splitlines()

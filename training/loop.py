@@ -98,106 +98,6 @@ def param_sha256(model: torch.nn.Module) -> str | None:
     return digest.hexdigest()
 
 
-def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
-    """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
-    torch.manual_seed(cfg.seed)
-    options = cfg.storage.options()
-    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, options)
-    shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
-    model = GPT(shape)
-    if cfg.train.compile:
-        for block in model.blocks:
-            block.compile()
-    bf16 = cfg.train.dtype == "bfloat16"
-    model = parallelize(model, cfg.parallel, env.device, bf16)
-    optimizer = build_optimizer(model, cfg.train)
-    scheduler = build_scheduler(optimizer, cfg.train)
-    sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
-    progress = Progress()
-    state = {"model": ModelOptimState(model, optimizer), "scheduler": scheduler, "sampler": sampler,
-             "progress": progress, "rng": RngState(env.rank)}
-
-    root = run_root(cfg)
-    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size)
-    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",))
-    if restored is None:
-        torch.manual_seed(cfg.seed + env.rank)
-    elif restored.world_size != env.world_size:
-        torch.manual_seed(cfg.seed + 1_000_003 * progress.step + env.rank)
-        log.info("resumed step %d saved by %d workers on %d: RNG reseeded", progress.step, restored.world_size,
-                 env.world_size)
-    if env.rank == 0:
-        log.info("%s at step %d (%s)", "resumed" if restored else "starting", progress.step,
-                 restored.url if restored else "no checkpoint")
-
-    attempt = ledger.AttemptInfo(_shared_attempt_id(), progress.step, env.world_size, cfg.per_worker_batch)
-    attempts_root = root.child("attempts")
-    losses = ledger.LossLog(attempts_root, attempt.attempt_id)
-    audit = None
-    if cfg.audit_dir:
-        audit_root = resolve(cfg.audit_dir, options)
-        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank)
-        if env.rank == 0:
-            ledger.write_attempt(audit_root, attempt)
-    if env.rank == 0:
-        ledger.write_attempt(attempts_root, attempt)
-
-    step_fn = _StepRunner(cfg, model, optimizer, scheduler, env)
-    prefetch = _Prefetcher(dataset)
-    pending_losses: list[tuple[int, torch.Tensor]] = []
-    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
-    timed_steps, timed_seconds = 0, 0.0
-
-    def flush_logs() -> None:
-        _reduce_losses(pending_losses, tokens_per_step, losses)
-        pending_losses.clear()
-        if env.rank == 0:
-            losses.flush()
-        if audit:
-            audit.flush()
-
-    last_step = cfg.train.stop_at_step or cfg.train.max_steps
-    while progress.step < last_step:
-        started = time.perf_counter()
-        ids = sampler.next_batch(env.rank, env.world_size)
-        upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
-        batch = prefetch.get(ids, upcoming if progress.step + 1 < last_step else None)
-        pending_losses.append((progress.step + 1, step_fn(batch)))
-        progress.step += 1
-        if audit:
-            audit.record(ids)
-        step = progress.step
-        if step % cfg.train.log_every == 0 or step == last_step:
-            _reduce_losses(pending_losses, tokens_per_step, losses)
-            pending_losses.clear()
-            if env.rank == 0:
-                log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], scheduler.get_last_lr()[0])
-        if step > 1:
-            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
-        if step % cfg.checkpoint.every_steps == 0 or step == last_step:
-            flush_logs()
-            committed = checkpointer.save(step, state)
-            if committed:
-                env.report({"step": committed.step}, committed)
-
-    flush_logs()
-    committed = checkpointer.wait()
-    if committed:
-        env.report({"step": committed.step}, committed)
-    final = {
-        "final_step": progress.step,
-        "final_loss": losses.losses.get(progress.step),
-        "samples_consumed": sampler.consumed,
-        "param_sha256": param_sha256(model),
-        "tokens_per_s": timed_steps * tokens_per_step / timed_seconds if timed_seconds else None,
-        "attempt_id": attempt.attempt_id,
-    }
-    if env.rank == 0:
-        ledger.write_final(attempts_root, attempt.attempt_id, final)
-    env.report(final, None)
-    return final
-
-
 class _StepRunner:
     """One optimizer step over a per-rank batch, split into micro-batches with gradient accumulation."""
 
@@ -227,6 +127,126 @@ class _StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return loss_sum
+
+
+@dataclass
+class Training:
+    """Everything one worker trains with; ``state`` is what a checkpoint saves and restores."""
+
+    dataset: TokenDataset
+    shape: GPTShape
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: ElasticSampler
+    progress: Progress
+    state: dict
+    step: _StepRunner
+
+
+def build_training(cfg: TrainConfig, env: WorkerEnv) -> Training:
+    torch.manual_seed(cfg.seed)
+    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
+    shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
+    model = GPT(shape)
+    if cfg.train.compile:
+        for block in model.blocks:
+            block.compile()
+    model = parallelize(model, cfg.parallel, env.device, bf16=cfg.train.dtype == "bfloat16")
+    optimizer = build_optimizer(model, cfg.train)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
+    progress = Progress()
+    state = {"model": ModelOptimState(model, optimizer), "scheduler": scheduler, "sampler": sampler,
+             "progress": progress, "rng": RngState(env.rank)}
+    step = _StepRunner(cfg, model, optimizer, scheduler, env)
+    return Training(dataset, shape, model, optimizer, scheduler, sampler, progress, state, step)
+
+
+def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
+    """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
+    t = build_training(cfg, env)
+    sampler, progress, state = t.sampler, t.progress, t.state
+    options = cfg.storage.options()
+    root = run_root(cfg)
+    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size)
+    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",))
+    if restored is None:
+        torch.manual_seed(cfg.seed + env.rank)
+    elif restored.world_size != env.world_size:
+        torch.manual_seed(cfg.seed + 1_000_003 * progress.step + env.rank)
+        log.info("resumed step %d saved by %d workers on %d: RNG reseeded", progress.step, restored.world_size,
+                 env.world_size)
+    if env.rank == 0:
+        log.info("%s at step %d (%s)", "resumed" if restored else "starting", progress.step,
+                 restored.url if restored else "no checkpoint")
+
+    attempt = ledger.AttemptInfo(_shared_attempt_id(), progress.step, env.world_size, cfg.per_worker_batch)
+    attempts_root = root.child("attempts")
+    losses = ledger.LossLog(attempts_root, attempt.attempt_id)
+    audit = None
+    if cfg.audit_dir:
+        audit_root = resolve(cfg.audit_dir, options)
+        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank)
+        if env.rank == 0:
+            ledger.write_attempt(audit_root, attempt)
+    if env.rank == 0:
+        ledger.write_attempt(attempts_root, attempt)
+
+    prefetch = _Prefetcher(t.dataset)
+    pending_losses: list[tuple[int, torch.Tensor]] = []
+    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
+    timed_steps, timed_seconds = 0, 0.0
+
+    def flush_logs() -> None:
+        _reduce_losses(pending_losses, tokens_per_step, losses)
+        pending_losses.clear()
+        if env.rank == 0:
+            losses.flush()
+        if audit:
+            audit.flush()
+
+    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    while progress.step < last_step:
+        started = time.perf_counter()
+        ids = sampler.next_batch(env.rank, env.world_size)
+        upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
+        batch = prefetch.get(ids, upcoming if progress.step + 1 < last_step else None)
+        pending_losses.append((progress.step + 1, t.step(batch)))
+        progress.step += 1
+        if audit:
+            audit.record(ids)
+        step = progress.step
+        if step % cfg.train.log_every == 0 or step == last_step:
+            _reduce_losses(pending_losses, tokens_per_step, losses)
+            pending_losses.clear()
+            if env.rank == 0:
+                log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], t.scheduler.get_last_lr()[0])
+        if step > 1:
+            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
+        if step % cfg.checkpoint.every_steps == 0 or step == last_step:
+            flush_logs()
+            committed = checkpointer.save(step, state)
+            if committed:
+                env.report({"step": committed.step}, committed)
+
+    flush_logs()
+    committed = checkpointer.wait()
+    checkpointer.close()
+    if committed:
+        env.report({"step": committed.step}, committed)
+    final = {
+        "final_step": progress.step,
+        "final_loss": losses.losses.get(progress.step),
+        "samples_consumed": sampler.consumed,
+        "param_sha256": param_sha256(t.model),
+        "tokens_per_s": timed_steps * tokens_per_step / timed_seconds if timed_seconds else None,
+        "attempt_id": attempt.attempt_id,
+    }
+    if env.rank == 0:
+        ledger.write_final(attempts_root, attempt.attempt_id, final)
+    env.report(final, None)
+    return final
 
 
 def _reduce_losses(pending: list[tuple[int, torch.Tensor]], tokens_per_step: int, losses: ledger.LossLog) -> None:

@@ -134,6 +134,15 @@ class Location:
             if self.is_dir():
                 self.fs.delete_dir(self.path)
 
+    def make_dirs(self) -> None:
+        if not self.is_s3:  # S3 has no directories
+            with self._guard("create"):
+                self.fs.create_dir(self.path, recursive=True)
+
+    def move_to(self, target: Location) -> None:
+        with self._guard("move"):
+            self.fs.move(self.path, target.path)
+
     def delete_file(self) -> None:
         with self._guard("delete"):
             if self.exists():

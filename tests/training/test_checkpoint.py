@@ -38,7 +38,7 @@ def save_steps(root, steps, keep_last=10, async_save=False):
     ckpt = Checkpointer(root, keep_last=keep_last, async_save=async_save, rank=0, world_size=1)
     for step in steps:
         ckpt.save(step, {"box": Box(float(step))})
-    ckpt.wait()
+    ckpt.close()
     return ckpt
 
 

@@ -53,15 +53,18 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(straight):
     assert_losses_close(losses(straight["ddp"]), losses(straight["ddp-1"]), 1e-5)
 
 
-def test_elastic_resume_2_then_1_then_3_workers_consumes_every_sample_once(straight, dataset_url, tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_elastic_resume_2_then_1_then_3_workers_consumes_every_sample_once(parallel, straight, dataset_url, tmp_path):
+    """For FSDP this reshards: 2 parameter shards are read back as 1, then as 3."""
     ckpt, audit = str(tmp_path / "ckpt"), str(tmp_path / "audit")
     for workers, steps in ((2, 20), (1, 30), (3, 40)):
         summary = launch.run(make_config(dataset_url, ckpt, "elastic", f"scaling.num_workers={workers}",
-                                         f"train.stop_at_step={steps}", f"audit_dir={audit}"))
+                                         f"parallel={parallel}", f"train.stop_at_step={steps}",
+                                         f"audit_dir={audit}"))
         assert summary["final_step"] == steps
     assert summary["audit"] == {"exactly_once": True, "samples": 40 * 12, "duplicates": 0, "missing_steps": []}
     # The same global batches in the same order: the loss curve is the uninterrupted one, so no spike.
-    assert_losses_close(losses(summary), losses(straight["ddp"]), 1e-4)
+    assert_losses_close(losses(summary), losses(straight[parallel]), 1e-4)
 
 
 def test_checkpoints_are_registered_with_ray_without_a_second_copy(straight, tmp_path):
@@ -74,15 +77,15 @@ def test_checkpoints_are_registered_with_ray_without_a_second_copy(straight, tmp
     assert ray_copies == []  # Ray made no copy of its own
 
 
-def test_everything_on_s3_resumes_exactly(straight, s3_bucket, tmp_path):
-    """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback)."""
+def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):
+    """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback); saves overlap training."""
     from tests.training.conftest import write_corpus
     from training.data.prepare import prepare
 
     bucket, options = s3_bucket
     corpus = write_corpus(tmp_path / "corpus")
     prepare(corpus, f"{bucket}/data", shard_tokens=16_384, options=options)
-    common = (f"storage.endpoint_url={options.endpoint_url}", f"audit_dir={bucket}/audit")
+    common = (f"storage.endpoint_url={options.endpoint_url}", f"audit_dir={bucket}/audit", "checkpoint.async=true")
     launch.run(make_config(f"{bucket}/data", f"{bucket}/ckpt", "s3run", "train.stop_at_step=20", *common))
     resumed = launch.run(make_config(f"{bucket}/data", f"{bucket}/ckpt", "s3run", *common))
     assert resumed["param_sha256"] == straight["ddp"]["param_sha256"]

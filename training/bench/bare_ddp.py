@@ -1,0 +1,50 @@
+"""A bare torchrun DDP loop — the baseline ``spotray bench throughput`` compares ``spotray train`` against.
+
+Same model, data, batch split and optimizer as spotray, with none of its machinery (no Ray, no checkpoints,
+no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from training.config import from_dict
+from training.data.dataset import TokenDataset
+from training.model import GPT, GPTShape
+from training.sampler import ElasticSampler
+
+
+def main(config_json: str) -> None:
+    cfg = from_dict(json.loads(config_json))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(cfg.seed)
+    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
+    model = DistributedDataParallel(GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
+    seconds = 0.0
+    for step in range(1, cfg.train.max_steps + 1):
+        started = time.perf_counter()
+        batch = dataset.batch(sampler.next_batch(rank, world))
+        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step > 1:
+            seconds += time.perf_counter() - started
+    if rank == 0:
+        print(json.dumps({"step_s": seconds / (cfg.train.max_steps - 1)}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
