@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default="local,s3", help="checkpoint bench: comma-separated from local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None, help="training steps (throughput) or saves (checkpoint)")
+    p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.set_defaults(func=_cmd_bench)
     return parser

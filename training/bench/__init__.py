@@ -13,4 +13,4 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         return run(storages, s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
     from training.bench.throughput import run
 
-    return run(steps=args.steps or 20, preset=args.preset)
+    return run(steps=args.steps or 20, preset=args.preset, workers=args.workers)
