@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training.bench.s3local import create_bucket, moto_server
-from training.storage import StorageOptions
+from training.storage import StorageOptions, resolve
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +13,15 @@ def s3_server():
     """A moto S3 server process on 127.0.0.1; credentials are exported so every process can reach it."""
     with moto_server() as endpoint:
         yield endpoint
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage_root(request, tmp_path):
+    """The same test against a local directory and an S3 prefix."""
+    if request.param == "local":
+        return resolve(str(tmp_path / "root"))
+    bucket_url, options = request.getfixturevalue("s3_bucket")
+    return resolve(f"{bucket_url}/root", options)
 
 
 @pytest.fixture

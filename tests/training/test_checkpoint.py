@@ -10,7 +10,6 @@ import torch
 
 from training.checkpoint import COMMIT_MARKER, Checkpointer, list_committed
 from training.errors import CheckpointError
-from training.storage import resolve
 
 
 class Box:
@@ -26,12 +25,9 @@ class Box:
         self.tensor = state["t"]
 
 
-@pytest.fixture(params=["local", "s3"])
-def run_root(request, tmp_path):
-    if request.param == "local":
-        return resolve(str(tmp_path / "run"))
-    bucket, options = request.getfixturevalue("s3_bucket")
-    return resolve(f"{bucket}/run", options)
+@pytest.fixture
+def run_root(storage_root):
+    return storage_root
 
 
 def save_steps(root, steps, keep_last=10, async_save=False):

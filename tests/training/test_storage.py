@@ -4,12 +4,9 @@ from training.errors import StorageError
 from training.storage import resolve
 
 
-@pytest.fixture(params=["local", "s3"])
-def root(request, tmp_path):
-    if request.param == "local":
-        return resolve(str(tmp_path / "root"))
-    bucket_url, options = request.getfixturevalue("s3_bucket")
-    return resolve(f"{bucket_url}/root", options)
+@pytest.fixture
+def root(storage_root):
+    return storage_root
 
 
 def test_roundtrip_list_range_and_delete(root):
