@@ -231,21 +231,31 @@ class Checkpointer:
         self._pending: tuple[int, Future] | None = None
         self._retention = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-retention")
         self._stager = _persistent_stager() if async_save else None
+        self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
+        self.last_step: int | None = None
 
-    def save(self, step: int, state: dict, meta: dict | None = None) -> CommittedCheckpoint | None:
-        """Save ``state`` as of ``step``. Sync: returns it once committed. Async: returns the previous save
-        (waited for, so at most one is in flight) and lets this one finish in the background."""
+    def save(self, step: int, state: dict, blocking: bool = False) -> CommittedCheckpoint | None:
+        """Save ``state`` as of ``step``. Sync (or ``blocking``): returns it once committed. Async: returns the
+        previous save (waited for, so at most one is in flight) and lets this one finish in the background."""
         previous = self.wait()
+        self.last_step = step
         location = self.root.child(_step_dir_name(step))
-        marker = {"step": step, "world_size": self.world_size, **(meta or {})}
-        writer = _CommittingWriter(location, marker, on_commit=self._schedule_retention)
-        if self.async_save:
+        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
+                                   on_commit=self._schedule_retention)
+        started = time.monotonic()
+        if self.async_save and not blocking:
             future = dcp.async_save(state, storage_writer=writer, process_group=self._group,
                                     async_stager=self._stager)
-            self._pending = (step, getattr(future, "upload_completion", future))
+            future = getattr(future, "upload_completion", future)
+            future.add_done_callback(lambda _: self._record_duration(started))
+            self._pending = (step, future)
             return previous
         dcp.save(state, storage_writer=writer, process_group=self._group)
+        self._record_duration(started)
         return self._committed(step)
+
+    def _record_duration(self, started: float) -> None:
+        self.last_save_s = time.monotonic() - started
 
     def wait(self) -> CommittedCheckpoint | None:
         """Block until the in-flight async save (if any) is committed and return it."""

@@ -132,11 +132,18 @@ class StorageSection:
 
 @dataclass(frozen=True)
 class FaultToleranceSection:
-    max_failures: int = 0
+    """Real failures and preemptions have separate budgets: on spot, preemptions are routine."""
+
+    max_failures: int = 3
+    max_preemptions: int = -1
+    preemption_check_every_steps: int = 10
 
     def __post_init__(self):
-        _require(self.max_failures >= -1, "fault_tolerance.max_failures",
-                 f"must be -1 (infinite), 0 (off) or a positive count, got {self.max_failures}")
+        for key in ("max_failures", "max_preemptions"):
+            value = getattr(self, key)
+            _require(value >= -1, f"fault_tolerance.{key}", f"must be -1 (infinite), 0 (off) or a count, got {value}")
+        _require(self.preemption_check_every_steps > 0, "fault_tolerance.preemption_check_every_steps",
+                 f"must be positive, got {self.preemption_check_every_steps}")
 
 
 @dataclass(frozen=True)

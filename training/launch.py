@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import ray
@@ -28,6 +29,9 @@ _STORAGE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN
                 "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
+_DEFAULT_NOTICE_S = 120.0  # AWS gives a spot instance two minutes' notice
+
+
 class TrainingFailed(SpotrayError):
     exit_code = 1
 
@@ -44,8 +48,15 @@ def ray_train_fn(config: dict) -> None:
         checkpoint = Checkpoint(committed.location.path, filesystem=storage_fs) if committed and rank == 0 else None
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
-    env = WorkerEnv(rank, context.get_world_size(), ray.train.torch.get_device(), report)
+    env = WorkerEnv(rank, context.get_world_size(), ray.train.torch.get_device(), report, _preemption_deadline)
     train(cfg, env)
+
+
+def _preemption_deadline() -> float | None:
+    info = ray.train.get_preemption_info()
+    if info is None:
+        return None
+    return info.deadline_ms / 1000 if info.deadline_ms else time.time() + _DEFAULT_NOTICE_S
 
 
 def preflight(cfg: TrainConfig) -> TokenDataset:
@@ -72,7 +83,8 @@ def run(cfg: TrainConfig) -> dict:
             name=cfg.run.name,
             storage_path=storage.path,
             storage_filesystem=storage.fs,
-            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures),
+            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
+                                         max_preemption_failures=cfg.fault_tolerance.max_preemptions),
             checkpoint_config=CheckpointConfig(num_to_keep=None),  # retention is ours: keep_last, after commit
         ),
     )

@@ -35,12 +35,18 @@ log = logging.getLogger(__name__)
 Reporter = Callable[[dict, CommittedCheckpoint | None], None]
 
 
+def _no_preemption() -> float | None:
+    return None
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     rank: int
     world_size: int
     device: torch.device
     report: Reporter
+    # UNIX time by which this worker group will be preempted, or None. A collective: every rank calls it alike.
+    preemption_deadline: Callable[[], float | None] = _no_preemption
 
 
 def run_root(cfg: TrainConfig) -> Location:
@@ -218,8 +224,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
             audit.record(ids)
         step = progress.step
         if step % cfg.train.log_every == 0 or step == last_step:
-            _reduce_losses(pending_losses, tokens_per_step, losses)
-            pending_losses.clear()
+            flush_logs()  # also the record of how far this attempt got, should it die before its next save
             if env.rank == 0:
                 log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], t.scheduler.get_last_lr()[0])
         if step > 1:
@@ -229,6 +234,11 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
             committed = checkpointer.save(step, state)
             if committed:
                 env.report({"step": committed.step}, committed)
+        if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < last_step:
+            deadline = env.preemption_deadline()
+            if deadline is not None:
+                flush_logs()
+                _survive_preemption(deadline, step, checkpointer, state, env)
 
     flush_logs()
     committed = checkpointer.wait()
@@ -247,6 +257,33 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         ledger.write_final(attempts_root, attempt.attempt_id, final)
     env.report(final, None)
     return final
+
+
+PREEMPTION_WAIT_GRACE_S = 30.0
+
+
+def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv) -> None:
+    """A drain with a deadline was announced: commit the current step, then stop making progress until the node
+    goes, so that no step is lost. If the deadline is too short for a save, fall back to the last checkpoint."""
+    remaining = deadline - time.time()
+    estimate = checkpointer.last_save_s
+    if estimate is not None and remaining < 1.2 * estimate:
+        log.warning("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
+                    "a restart resumes from the last committed checkpoint", remaining, estimate)
+        return
+    started = time.monotonic()
+    if checkpointer.last_step == step:  # this step is saved already (maybe still in flight): never rewrite it
+        committed = checkpointer.wait()
+    else:
+        committed = checkpointer.save(step, state, blocking=True)
+    if committed:
+        env.report({"step": step, "emergency": True}, committed)
+    if env.rank == 0:
+        log.warning("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
+                    "deadline; waiting for the node to go", step, time.monotonic() - started, deadline - time.time())
+    while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
+        time.sleep(0.2)
+    log.warning("the announced preemption did not happen: continuing to train")
 
 
 def _reduce_losses(pending: list[tuple[int, torch.Tensor]], tokens_per_step: int, losses: ledger.LossLog) -> None:

@@ -79,7 +79,7 @@ def test_checkpoints_are_registered_with_ray_without_a_second_copy(straight, tmp
 
 def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):
     """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback); saves overlap training."""
-    from tests.training.conftest import write_corpus
+    from tests.conftest import write_corpus
     from training.data.prepare import prepare
 
     bucket, options = s3_bucket

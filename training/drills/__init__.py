@@ -1,0 +1,1 @@
+"""Fault drills on a real multi-node Ray cluster on this machine."""

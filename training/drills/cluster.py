@@ -1,0 +1,153 @@
+"""A real Ray cluster of several ``ray start`` nodes on this machine, whose nodes can be preempted.
+
+Each node is its own process group, so a node can be SIGTERMed (Ray drains it with a deadline: a spot
+interruption notice) or SIGKILLed with everything it runs (a preemption without notice).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.errors import SpotrayError
+
+_RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Node:
+    name: str
+    proc: subprocess.Popen
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """Head (no CPUs, so training runs only on worker nodes) plus worker nodes of ``cpus_per_node`` CPUs."""
+
+    log_dir: Path
+    drain_timeout_s: float = 20.0
+    cpus_per_node: int = 1
+    env: dict = field(default_factory=dict)
+    address: str = ""
+    nodes: list[Node] = field(default_factory=list)
+    auth_token: str = field(default_factory=lambda: secrets.token_hex(32))
+
+    def node_env(self) -> dict:
+        """Environment of every node and client of this cluster (token auth, fast drain/poll settings)."""
+        return {**os.environ, **self.env,
+                "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token,
+                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s),
+                "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+                "RAY_USAGE_STATS_ENABLED": "0"}
+
+    def start(self, workers: int) -> LocalCluster:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        self.address = f"127.0.0.1:{port}"
+        self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+                             "--node-ip-address=127.0.0.1"])
+        self._wait_for_nodes(1)
+        for _ in range(workers):
+            self.add_node()
+        return self
+
+    def add_node(self) -> Node:
+        expected = len([n for n in self.nodes if n.alive]) + 1
+        node = self._spawn(f"worker{len(self.nodes)}", [f"--address={self.address}",
+                                                        f"--num-cpus={self.cpus_per_node}",
+                                                        "--node-ip-address=127.0.0.1"])
+        self._wait_for_nodes(expected)
+        return node
+
+    def preempt_with_notice(self, node: Node) -> None:
+        """What Kubernetes does to a pod of a spot node that got its interruption notice."""
+        os.kill(node.proc.pid, signal.SIGTERM)
+
+    def kill(self, node: Node) -> None:
+        """The node vanishes with no notice: raylet, object store and workers alike, at once."""
+        for pid in [node.proc.pid, *_descendants(node.proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            if node.alive:
+                self.kill(node)
+            _kill_group_leftovers(node.proc.pid)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, args: list[str]) -> Node:
+        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the node
+        proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=self.node_env(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        node = Node(name, proc)
+        self.nodes.append(node)
+        return node
+
+    def _wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.alive_nodes() >= count:
+                return
+            time.sleep(0.5)
+        raise SpotrayError(f"local Ray cluster did not reach {count} nodes in {timeout_s:.0f}s; logs in {self.log_dir}")
+
+    def alive_nodes(self) -> int:
+        probe = (f"import ray; ray.init(address='{self.address}', logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))")
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                             env=self.node_env())
+        lines = out.stdout.strip().splitlines()
+        return int(lines[-1]) if out.returncode == 0 and lines and lines[-1].isdigit() else 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """All processes below ``pid`` (Ray workers start their own sessions, so a process group is not enough)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
+
+
+def _kill_group_leftovers(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
