@@ -132,7 +132,14 @@ def _ensure_ray(cfg: TrainConfig) -> None:
         ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
         return
     cpus = max(os.cpu_count() or 1, cfg.scaling.num_workers + 1)
-    ray.init(num_cpus=cpus, include_dashboard=False, runtime_env={"env_vars": env_vars})
+    start_local_ray(cpus, runtime_env={"env_vars": env_vars})
+
+
+def start_local_ray(num_cpus: int, **kwargs) -> None:
+    """A new single-node Ray on this machine, reachable on loopback only.
+
+    ``address="local"``: never attach to whatever cluster ``ray start`` last recorded on this machine."""
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
 
 
 def root_cause(exc: BaseException) -> str:

@@ -70,37 +70,35 @@ def cluster(tmp_path):
         yield c
 
 
-def test_preemption_with_notice_loses_no_steps(cluster, dataset_url, tmp_path):
+def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject) -> tuple[int, int]:
+    """Train, call ``inject(victim)`` once step 20 is committed, add a replacement node, and check the run
+    finished with every sample trained exactly once over two attempts. Returns (last step of the first
+    attempt, step the second attempt resumed from)."""
     driver = start_training(dataset_url, tmp_path, cluster)
     wait_for_checkpoint(tmp_path, 20, driver)
-    victim = cluster.nodes[-1]
-    cluster.preempt_with_notice(victim)  # Ray drains the node with a 20 s deadline
+    inject(cluster.nodes[-1])
     cluster.add_node()  # the replacement spot node
     summary = finish(driver, tmp_path)
-
     assert summary["final_step"] == MAX_STEPS
     assert summary["audit"]["exactly_once"], summary["audit"]
     history = attempts_and_last_steps(tmp_path)
     assert len(history) == 2, history
     (_, first_last), (second_from, _) = history
+    return first_last, second_from
+
+
+def test_preemption_with_notice_loses_no_steps(cluster, dataset_url, tmp_path):
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice)
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
     assert second_from % 20 != 0, "expected an emergency checkpoint between the periodic ones"
 
 
-
 @pytest.mark.slow
 def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluster, dataset_url, tmp_path):
-    driver = start_training(dataset_url, tmp_path, cluster)
-    wait_for_checkpoint(tmp_path, 20, driver)
-    time.sleep(1.0)  # a few steps past the checkpoint, which the restart must recompute
-    cluster.kill(cluster.nodes[-1])
-    cluster.add_node()
-    summary = finish(driver, tmp_path)
+    def kill_after_a_few_more_steps(node):
+        time.sleep(1.0)  # steps past the checkpoint, which the restart must recompute
+        cluster.kill(node)
 
-    assert summary["final_step"] == MAX_STEPS
-    assert summary["audit"]["exactly_once"], summary["audit"]
-    history = attempts_and_last_steps(tmp_path)
-    assert len(history) == 2, history
-    (_, first_last), (second_from, _) = history
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps)
     assert second_from % 20 == 0, "with no notice, the restart resumes from a periodic checkpoint"
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"

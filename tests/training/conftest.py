@@ -14,7 +14,9 @@ def ray_cluster():
     import ray
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # notice a finished run sooner
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    from training.launch import start_local_ray
+
+    start_local_ray(4, log_to_driver=False)
     yield
     ray.shutdown()
 

@@ -24,7 +24,7 @@ from training.bench.common import bench_corpus, machine, new_workdir, read_resul
 from training.bench.s3local import create_bucket, moto_server
 from training.checkpoint import Checkpointer
 from training.errors import SpotrayError
-from training.launch import root_cause
+from training.launch import root_cause, start_local_ray
 from training.loop import WorkerEnv, build_training, run_root
 from training.storage import resolve
 
@@ -143,7 +143,7 @@ def run(storages: list[str], s3_endpoint: str | None = None, repeats: int = 3, p
         if "s3" in storages:  # the server starts before Ray, so the workers inherit its credentials
             endpoint = s3_endpoint or stack.enter_context(moto_server())
         if not ray.is_initialized():
-            ray.init(num_cpus=max(os.cpu_count() or 1, 3), include_dashboard=False, log_to_driver=False)
+            start_local_ray(max(os.cpu_count() or 1, 3), log_to_driver=False)
         if "local" in storages:
             results["local"] = _measure(data_url, resolve(workdir).child("ckpt").url, None, workdir, repeats, preset)
         if endpoint:
