@@ -147,6 +147,25 @@ class FaultToleranceSection:
 
 
 @dataclass(frozen=True)
+class EnvSection:
+    forward: list = field(default_factory=list)  # names of driver variables copied to every worker
+
+    def __post_init__(self):
+        for name in self.forward:
+            _require(isinstance(name, str) and name.replace("_", "").isalnum(), "env.forward",
+                     f"{name!r} is not an environment variable name", "list names like WANDB_API_KEY, not values")
+
+
+@dataclass(frozen=True)
+class RuntimeSection:
+    working_dir: str | None = None  # a local dir Ray uploads to the workers (e.g. a dev checkout)
+    max_package_mb: int = 256
+
+    def __post_init__(self):
+        _require(self.max_package_mb > 0, "runtime.max_package_mb", f"must be positive, got {self.max_package_mb}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run: RunSection = field(default_factory=RunSection)
     seed: int = 0
@@ -158,6 +177,8 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     storage: StorageSection = field(default_factory=StorageSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)
+    env: EnvSection = field(default_factory=EnvSection)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
     audit_dir: str | None = None
 
     def __post_init__(self):

@@ -20,13 +20,10 @@ from training.config import TrainConfig, from_dict
 from training.data.dataset import TokenDataset
 from training.errors import SpotrayError
 from training.loop import WorkerEnv, run_root, train
+from training.runtime_env import check_working_dir, forwarded_env
 from training.storage import Location, resolve
 
 log = logging.getLogger(__name__)
-
-# Forwarded to workers so that a cluster started elsewhere reaches the same object store.
-_STORAGE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
-                "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 _DEFAULT_NOTICE_S = 120.0  # AWS gives a spot instance two minutes' notice
@@ -67,6 +64,9 @@ def preflight(cfg: TrainConfig) -> TokenDataset:
 def run(cfg: TrainConfig) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
     dataset = preflight(cfg)
+    runtime_env = {"env_vars": forwarded_env(cfg.env)}
+    if cfg.runtime.working_dir:
+        runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
     _ensure_ray(cfg)
     root = run_root(cfg)
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
@@ -86,6 +86,7 @@ def run(cfg: TrainConfig) -> dict:
             failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
                                          max_preemption_failures=cfg.fault_tolerance.max_preemptions),
             checkpoint_config=CheckpointConfig(num_to_keep=None),  # retention is ours: keep_last, after commit
+            worker_runtime_env=runtime_env,
         ),
     )
     try:
@@ -125,14 +126,12 @@ def write_summary(summary: dict, path: str) -> None:
 
 
 def _ensure_ray(cfg: TrainConfig) -> None:
-    env_vars = {k: os.environ[k] for k in _STORAGE_ENV if k in os.environ}
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=True)
+        ray.init(log_to_driver=True)
         return
-    cpus = max(os.cpu_count() or 1, cfg.scaling.num_workers + 1)
-    start_local_ray(cpus, runtime_env={"env_vars": env_vars})
+    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1))
 
 
 def start_local_ray(num_cpus: int, **kwargs) -> None:

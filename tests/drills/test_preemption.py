@@ -89,8 +89,8 @@ def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject) -> tupl
 
 def test_preemption_with_notice_loses_no_steps(cluster, dataset_url, tmp_path):
     first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice)
+    # The notice lands between periodic saves, or on one, which is then reused rather than rewritten.
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
-    assert second_from % 20 != 0, "expected an emergency checkpoint between the periodic ones"
 
 
 @pytest.mark.slow
