@@ -102,3 +102,24 @@ def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluste
     first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps)
     assert second_from % 20 == 0, "with no notice, the restart resumes from a periodic checkpoint"
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
+
+
+@pytest.mark.slow
+def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(dataset_url, tmp_path):
+    with LocalCluster(tmp_path / "ray-logs-1").start(workers=2) as first:
+        driver = start_training(dataset_url, tmp_path, first)
+        wait_for_checkpoint(tmp_path, 20, driver)
+        first.kill(first.nodes[0])  # the head, with its GCS
+        try:
+            driver.wait(timeout=180)  # the driver gives up; it does not reconnect forever
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            pytest.fail("the driver kept running after the Ray head died")
+        assert driver.returncode != 0
+    with LocalCluster(tmp_path / "ray-logs-2").start(workers=2) as second:  # a RayJob retry: a new cluster
+        summary = finish(start_training(dataset_url, tmp_path, second), tmp_path)
+    assert summary["final_step"] == MAX_STEPS
+    assert summary["audit"]["exactly_once"], summary["audit"]
+    history = attempts_and_last_steps(tmp_path)
+    (_, first_last), (second_from, _) = history[0], history[-1]
+    assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
