@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-from importlib import resources
 
 from training.errors import SpotrayError
 
@@ -97,10 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.set_defaults(func=_cmd_bench)
     return parser
-
-
-def demo_config_path() -> str:
-    return str(resources.files("training") / "configs" / "demo.yaml")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sysconfig
 import time
+from importlib import resources
 
 from training import config, launch
 from training.data.prepare import prepare
@@ -18,9 +19,11 @@ def stdlib_corpus(workdir: str) -> str:
     return data_url
 
 
-def run(workdir: str) -> dict:
-    from training.cli import demo_config_path
+def demo_config_path() -> str:
+    return str(resources.files("training") / "configs" / "demo.yaml")
 
+
+def run(workdir: str) -> dict:
     data_url = stdlib_corpus(workdir)
     run_name = time.strftime("demo-%Y%m%d-%H%M%S")
     cfg = config.load(demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={resolve(workdir).url}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sysconfig
 import tempfile
@@ -22,7 +23,7 @@ def bench_corpus(workdir: str) -> str:
 
 
 def machine() -> dict:
-    return {"cpu_count": __import__("os").cpu_count(), "platform": platform.platform(),
+    return {"cpu_count": os.cpu_count(), "platform": platform.platform(),
             "torch": torch.__version__, "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "date": time.strftime("%Y-%m-%d")}
 
