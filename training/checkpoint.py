@@ -75,7 +75,9 @@ def _step_dir_name(step: int) -> str:
 
 
 class _DcpFileSystem(FileSystemBase):
-    """DCP's filesystem seam over a storage Location; reads are whole-file and verified against the marker."""
+    """DCP's filesystem seam over a storage Location, for reading: whole files, verified against the marker.
+
+    Writes never come through here: ``_CommittingWriter`` writes shards and ``.metadata`` via the Location."""
 
     def __init__(self, root: Location, expected: dict | None = None):
         self.root = root
@@ -87,12 +89,9 @@ class _DcpFileSystem(FileSystemBase):
 
     @contextmanager
     def create_stream(self, path, mode: str):
-        loc = self._loc(path)
         if "w" in mode:
-            with loc.open_output() as stream:
-                yield stream
-            return
-        yield io.BytesIO(self._verified_bytes(loc))
+            raise NotImplementedError("checkpoint files are written by _CommittingWriter")
+        yield io.BytesIO(self._verified_bytes(self._loc(path)))
 
     def _verified_bytes(self, loc: Location) -> bytes:
         data = loc.read_bytes()
@@ -108,7 +107,7 @@ class _DcpFileSystem(FileSystemBase):
         return path
 
     def rename(self, path, new_path) -> None:
-        self._loc(path).move_to(self._loc(new_path))
+        raise NotImplementedError("checkpoint files are never renamed: COMMITTED.json makes them visible")
 
     def mkdir(self, path) -> None:
         self._loc(path).make_dirs()

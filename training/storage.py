@@ -139,10 +139,6 @@ class Location:
             with self._guard("create"):
                 self.fs.create_dir(self.path, recursive=True)
 
-    def move_to(self, target: Location) -> None:
-        with self._guard("move"):
-            self.fs.move(self.path, target.path)
-
     def delete_file(self) -> None:
         with self._guard("delete"):
             if self.exists():
