@@ -20,6 +20,7 @@ import logging
 import os
 import pickle
 import posixpath
+import re
 import time
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +53,8 @@ COMMIT_MARKER = "COMMITTED.json"
 _FORMAT = "spotray-checkpoint"
 _DATA_SUFFIX = ".distcp"
 _METADATA = ".metadata"
+_ERROR_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
+_MODULE_PREFIX = re.compile(r"^(\w+\.)+(?=\w+: )")
 
 
 @dataclass(frozen=True)
@@ -219,55 +222,122 @@ class _RawReader(FileSystemReader):
 
 
 class Checkpointer:
-    """Saves and restores a dict of ``Stateful`` objects; one per training attempt, on every rank."""
+    """Saves and restores a dict of ``Stateful`` objects; one per training attempt, on every rank.
 
-    def __init__(self, run_root: Location, keep_last: int, async_save: bool, rank: int, world_size: int):
+    A failed save (a storage outage) never stops training: it is retried at later steps with a doubling gap,
+    and the run stops only once saves have kept failing for ``failure_budget_s``. Every decision here is
+    taken at the same step on every rank, because DCP reports a failure to all ranks alike."""
+
+    def __init__(self, run_root: Location, keep_last: int, async_save: bool, rank: int, world_size: int,
+                 failure_budget_s: float = 900.0, max_retry_gap: int = 50):
         self.root = checkpoints_root(run_root)
         self.keep_last, self.async_save = keep_last, async_save
         self.rank, self.world_size = rank, world_size
+        self.failure_budget_s, self.max_retry_gap = failure_budget_s, max_retry_gap
         # Checkpoint collectives run on their own gloo group so an async save never interleaves with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
         self._retention = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-retention")
         self._stager = _persistent_stager() if async_save else None
         self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
-        self.last_step: int | None = None
+        self.last_committed: CommittedCheckpoint | None = None
+        self.failed_saves = 0
+        self._failing_since: float | None = None
+        self._consecutive_failures = 0
+        self._retry_at: int | None = None
+
+    def agree(self, value):
+        """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens."""
+        return _broadcast(value, self._group)
+
+    def retry_due(self, step: int) -> bool:
+        """A save failed and its retry is due at this step."""
+        return self._retry_at is not None and step >= self._retry_at
 
     def save(self, step: int, state: dict, blocking: bool = False) -> CommittedCheckpoint | None:
-        """Save ``state`` as of ``step``. Sync (or ``blocking``): returns it once committed. Async: returns the
-        previous save (waited for, so at most one is in flight) and lets this one finish in the background."""
+        """Save ``state`` as of ``step``. Sync (or ``blocking``): returns it once committed, or None if it failed.
+        Async: returns the previous save (waited for, so at most one is in flight) and lets this one finish in
+        the background."""
         previous = self.wait()
-        self.last_step = step
+        self._retry_at = None
         location = self.root.child(_step_dir_name(step))
         writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
                                    on_commit=self._schedule_retention)
         started = time.monotonic()
-        if self.async_save and not blocking:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self._group,
-                                    async_stager=self._stager)
-            future = getattr(future, "upload_completion", future)
-            future.add_done_callback(lambda _: self._record_duration(started))
-            self._pending = (step, future)
-            return previous
-        dcp.save(state, storage_writer=writer, process_group=self._group)
+        try:
+            if self.async_save and not blocking:
+                future = dcp.async_save(state, storage_writer=writer, process_group=self._group,
+                                        async_stager=self._stager)
+                future = getattr(future, "upload_completion", future)
+                future.add_done_callback(lambda _: self._record_duration(started))
+                self._pending = (step, future)
+                return previous
+            dcp.save(state, storage_writer=writer, process_group=self._group)
+        except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
+            self._failed(step, exc)
+            return None
         self._record_duration(started)
-        return self._committed(step)
+        return self._succeeded(step)
+
+    def ensure_saved(self, step: int, state: dict) -> CommittedCheckpoint | None:
+        """Commit ``step`` now (blocking) unless it is committed already; a committed step is never rewritten."""
+        if self._pending is not None and self._pending[0] == step:
+            committed = self.wait()
+            if committed is not None:
+                return committed
+        if self.last_committed is not None and self.last_committed.step == step:
+            return self.last_committed
+        return self.save(step, state, blocking=True)
+
+    def commit_final(self, step: int, state: dict) -> CommittedCheckpoint:
+        """Commit ``step``, retrying with backoff through an outage until it succeeds or the budget runs out."""
+        committed = self.ensure_saved(step, state)
+        while committed is None:
+            time.sleep(min(2.0 ** self._consecutive_failures, 30.0))
+            committed = self.save(step, state, blocking=True)
+        return committed
 
     def _record_duration(self, started: float) -> None:
         self.last_save_s = time.monotonic() - started
 
     def wait(self) -> CommittedCheckpoint | None:
-        """Block until the in-flight async save (if any) is committed and return it."""
+        """Block until the in-flight async save (if any) ends; returns it if it committed, None if it failed."""
         if self._pending is None:
             return None
         step, future = self._pending
         self._pending = None
-        future.result()
-        return self._committed(step)
+        try:
+            future.result()
+        except (Exception, CheckpointException) as exc:
+            self._failed(step, exc)
+            return None
+        return self._succeeded(step)
 
-    def _committed(self, step: int) -> CommittedCheckpoint:
-        location = self.root.child(_step_dir_name(step))
-        return CommittedCheckpoint(step, location, self.world_size, {})
+    def _succeeded(self, step: int) -> CommittedCheckpoint:
+        if self._failing_since is not None and self.rank == 0:
+            log.warning("checkpoint of step %d committed: storage is back after %d failed saves", step,
+                        self._consecutive_failures)
+        self._failing_since, self._consecutive_failures = None, 0
+        self.last_committed = CommittedCheckpoint(step, self.root.child(_step_dir_name(step)), self.world_size, {})
+        return self.last_committed
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        self.failed_saves += 1
+        self._consecutive_failures += 1
+        now = time.time()
+        self._failing_since = self._failing_since or now
+        failing_for = _broadcast(now - self._failing_since, self._group)  # rank 0's clock decides for all
+        reason = _first_line(exc)
+        if failing_for >= self.failure_budget_s:
+            raise CheckpointError(
+                f"checkpoint saves have failed for {failing_for:.0f}s ({self._consecutive_failures} in a row, last "
+                f"at step {step}: {reason}); checkpoint.save_failure_budget_s={self.failure_budget_s:g} is used up: "
+                f"fix access to {self.root.url} or raise the budget")
+        self._retry_at = step + min(2 ** (self._consecutive_failures - 1), self.max_retry_gap)
+        if self.rank == 0:
+            log.warning("checkpoint of step %d failed (%s); training continues, next try at step %d "
+                        "(%d failed in a row over %.0fs, budget %gs); nothing partial is ever resumed from", step,
+                        reason, self._retry_at, self._consecutive_failures, failing_for, self.failure_budget_s)
 
     def _schedule_retention(self) -> None:
         """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""
@@ -312,6 +382,7 @@ class Checkpointer:
                 log.warning("skipping checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
                 failures.append(f"step {candidate.step}: {reason}")
                 continue
+            self.last_committed = candidate
             return candidate
         if failures:
             raise CheckpointError(
@@ -374,11 +445,14 @@ def _broadcast(obj, group):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or exc.__class__.__name__
-    for line in text.splitlines():
+    """The line that says what went wrong; DCP wraps each rank's error in a traceback dump."""
+    lines = [line.strip() for line in (str(exc).strip() or exc.__class__.__name__).splitlines()]
+    for line in lines:
         if "Corrupt" in line or "corrupted" in line:
-            return line.strip()
-    return text.splitlines()[0][:300]
+            return line
+    errors = [line for line in lines if _ERROR_LINE.match(line) and not line.startswith("CheckpointException")]
+    line = errors[-1] if errors else lines[0]
+    return _MODULE_PREFIX.sub("", line)[:300]
 
 
 def rng_state() -> dict:

@@ -37,13 +37,14 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> None:
     from training import demo
+    from training.launch import write_summary
+    from training.report import format_table
 
     summary = demo.run(args.workdir)
-    _print_summary(summary)
+    print(format_table(summary))
+    print(f"loss curve: {summary['loss_curve_png']}")
     if args.json:
-        from training.launch import write_summary
-
-        write_summary(summary, args.json)
+        write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
@@ -87,13 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
-    p.add_argument("which", choices=["checkpoint", "throughput"])
+    p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint bench: comma-separated from local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None, help="training steps (throughput) or saves (checkpoint)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
+    p.add_argument("--rounds", type=int, default=2, help="recovery bench: drills per side, interleaved")
     p.set_defaults(func=_cmd_bench)
     return parser
 

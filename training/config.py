@@ -76,6 +76,7 @@ class TrainSection:
     stop_at_step: int | None = None  # end this attempt early, as a preemption would (drills); schedule unchanged
     dtype: str = "float32"
     compile: bool = False
+    peak_tflops: float | None = None  # per device, for MFU; None: known GPUs are looked up, CPUs report none
 
     def __post_init__(self):
         _require(self.max_steps > 0, "train.max_steps", f"must be positive, got {self.max_steps}")
@@ -93,6 +94,8 @@ class TrainSection:
                  f"must be in 1..train.max_steps, got {self.stop_at_step}")
         _require(self.dtype in ("float32", "bfloat16"), "train.dtype", f"unknown dtype '{self.dtype}'",
                  "use float32 or bfloat16 (bf16 autocast)")
+        _require(self.peak_tflops is None or self.peak_tflops > 0, "train.peak_tflops",
+                 f"must be positive or unset, got {self.peak_tflops}", "give the device's dense bf16 peak, e.g. 989")
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,14 @@ class CheckpointSection:
     every_steps: int = 50
     keep_last: int = 3
     async_save: bool = False
+    save_failure_budget_s: float = 900.0  # how long saves may keep failing (storage outage) before the run stops
 
     def __post_init__(self):
         _require(bool(self.path), "checkpoint.path", "is required", "give a local directory or s3://bucket/prefix")
         _require(self.every_steps > 0, "checkpoint.every_steps", f"must be positive, got {self.every_steps}")
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
+        _require(self.save_failure_budget_s >= 0, "checkpoint.save_failure_budget_s",
+                 f"must be >= 0 seconds, got {self.save_failure_budget_s}", "0 stops the run at the first failed save")
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import ray
 import ray.train
-from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from ray.train.v2.api.report_config import CheckpointUploadMode
 
-from training import ledger
-from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed
+from training import goodput, ledger
+from training.checkpoint import checkpoints_root, list_committed
 from training.config import TrainConfig, from_dict
 from training.data.dataset import TokenDataset
 from training.errors import SpotrayError
 from training.loop import WorkerEnv, run_root, train
+from training.progress import ProgressMonitor
 from training.runtime_env import check_working_dir, forwarded_env
 from training.storage import Location, resolve
 
@@ -34,19 +34,27 @@ class TrainingFailed(SpotrayError):
 
 
 def ray_train_fn(config: dict) -> None:
-    """Runs on every Ray Train worker: build everything heavy here from the small config dict."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    """Runs on every Ray Train worker: build everything heavy here from the small config dict.
+
+    Checkpoints are not registered with Ray: resuming reads them from storage itself, and Ray's controller would
+    otherwise write its own snapshot at every checkpoint, which a storage outage turns into a failed run."""
+    _worker_logging()
     cfg = from_dict(config)
     context = ray.train.get_context()
-    rank = context.get_world_rank()
-    storage_fs = context.get_storage().storage_filesystem
-
-    def report(metrics: dict, committed: CommittedCheckpoint | None) -> None:
-        checkpoint = Checkpoint(committed.location.path, filesystem=storage_fs) if committed and rank == 0 else None
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
-
-    env = WorkerEnv(rank, context.get_world_size(), ray.train.torch.get_device(), report, _preemption_deadline)
+    env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
+                    ray.train.report, _preemption_deadline)
     train(cfg, env)
+
+
+def _worker_logging() -> None:
+    """spotray's INFO lines reach the driver once each; Ray's own stay at their level."""
+    logger = logging.getLogger("training")
+    logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def _preemption_deadline() -> float | None:
@@ -69,6 +77,8 @@ def run(cfg: TrainConfig) -> dict:
         runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
     _ensure_ray(cfg)
     root = run_root(cfg)
+    attempts = root.child("attempts")
+    ledger.mark_run_started(attempts)
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     trainer = TorchTrainer(
         ray_train_fn,
@@ -85,12 +95,12 @@ def run(cfg: TrainConfig) -> dict:
             storage_filesystem=storage.fs,
             failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
                                          max_preemption_failures=cfg.fault_tolerance.max_preemptions),
-            checkpoint_config=CheckpointConfig(num_to_keep=None),  # retention is ours: keep_last, after commit
             worker_runtime_env=runtime_env,
         ),
     )
     try:
-        trainer.fit()
+        with ProgressMonitor(attempts, cfg.train.global_batch_size * cfg.train.seq_len):
+            trainer.fit()
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
     return summarize(cfg, dataset.num_samples, root)
@@ -102,6 +112,7 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
     if final is None:
         raise TrainingFailed(f"run '{cfg.run.name}' has no finished attempt under {attempts.url}")
     losses = ledger.lineage_losses(attempts)
+    time_account = goodput.account(attempts).to_dict()
     summary = {
         "run_name": cfg.run.name,
         "final_step": final["final_step"],
@@ -109,12 +120,20 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         "samples_consumed": final["samples_consumed"],
         "param_sha256": final["param_sha256"],
         "tokens_per_s": final["tokens_per_s"],
+        "goodput": time_account.pop("goodput"),
+        "events": time_account.pop("events"),
+        "lost_steps": time_account.pop("lost_steps"),
+        "time": time_account,
+        "failed_saves": final.get("failed_saves", 0),
+        "checkpoint_every_steps": cfg.checkpoint.every_steps,
+        "exactly_once": None,
         "checkpoints": [c.url for c in reversed(list_committed(checkpoints_root(root)))],
         "losses": {str(step): loss for step, loss in losses.items()},
     }
     if cfg.audit_dir:
         audit = ledger.verify_exactly_once(resolve(cfg.audit_dir, cfg.storage.options()), num_samples,
                                            final["final_step"])
+        summary["exactly_once"] = audit.exactly_once
         summary["audit"] = {"exactly_once": audit.exactly_once, "samples": audit.samples,
                             "duplicates": audit.duplicates, "missing_steps": audit.missing_steps}
     return summary

@@ -8,15 +8,112 @@ for every step, the record of the latest attempt that trained it: exactly the hi
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
+from training.errors import StorageError
 from training.storage import Location
+
+log = logging.getLogger(__name__)
 
 _ATTEMPT_FILE = "attempt.json"
 _LOSSES_FILE = "losses.jsonl"
 _FINAL_FILE = "final.json"
+_RUN_FILE = "run.json"
+
+
+def mark_run_started(root: Location) -> float:
+    """The run's start time: recorded by its first driver, kept by every rerun. Returns it."""
+    marker = root.child(_RUN_FILE)
+    if marker.exists():
+        return float(json.loads(marker.read_text())["started_at"])
+    started_at = time.time()
+    marker.write_text(json.dumps({"started_at": started_at}))
+    return started_at
+
+
+def run_started_at(root: Location) -> float | None:
+    marker = root.child(_RUN_FILE)
+    return float(json.loads(marker.read_text())["started_at"]) if marker.exists() else None
+
+
+def attempt_file(root: Location, attempt_id: str, name: str) -> Location:
+    return root.child(attempt_id, name)
+
+
+class RecordWriter:
+    """Writes small records (each rewritten whole) from a background thread, so that training never waits on
+    storage for a log line. During an outage it retries with backoff and warns once; the newest version of each
+    record wins, so it catches up by itself."""
+
+    def __init__(self):
+        self._pending: dict[str, tuple[Location, str]] = {}
+        self._cond = threading.Condition()
+        self._busy = False
+        self.failing = False
+        threading.Thread(target=self._run, daemon=True, name="spotray-records").start()
+
+    def put(self, location: Location, text: str) -> None:
+        with self._cond:
+            self._pending[location.url] = (location, text)
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything put so far is written; gives up at once while storage is failing."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while (self._pending or self._busy) and not self.failing:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return not (self._pending or self._busy)
+
+    def close(self, timeout_s: float) -> None:
+        """Everything written within ``timeout_s``, through an outage, or a StorageError."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    names = ", ".join(sorted(self._pending)) or "a record"
+                    raise StorageError(f"could not write {names} within {timeout_s:g}s: storage is unreachable")
+                self._cond.wait(remaining)
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+                url = next(iter(self._pending))
+                location, text = self._pending.pop(url)
+                self._busy = True
+            try:
+                location.write_text(text)
+            except StorageError as exc:
+                self._failed(url, location, text, exc)
+                time.sleep(backoff)
+                backoff = min(2 * backoff, 30.0)
+                continue
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+            if self.failing:
+                log.warning("storage is reachable again: records caught up")
+            self.failing, backoff = False, 0.5
+
+    def _failed(self, url: str, location: Location, text: str, exc: StorageError) -> None:
+        with self._cond:
+            self._pending.setdefault(url, (location, text))  # a newer version put meanwhile wins
+            if not self.failing:
+                log.warning("cannot write %s (%s); training goes on and the records catch up later", location.url,
+                            str(exc).splitlines()[0][:200])
+            self.failing = True
 
 
 def new_attempt_id() -> str:
@@ -59,44 +156,63 @@ def read_final(root: Location) -> dict | None:
 
 
 class LossLog:
-    """Rank 0's per-step losses of one attempt, rewritten in full at each flush (small, atomic)."""
+    """Rank 0's per-step losses and step times of one attempt, rewritten in full at each flush (small, atomic)."""
 
-    def __init__(self, root: Location, attempt_id: str):
-        self.location = root.child(attempt_id, _LOSSES_FILE)
+    def __init__(self, root: Location, attempt_id: str, writer: RecordWriter):
+        self.location, self.writer = attempt_file(root, attempt_id, _LOSSES_FILE), writer
         self.losses: dict[int, float] = {}
+        self.seconds: dict[int, float] = {}
 
-    def record(self, step: int, loss: float) -> None:
-        self.losses[step] = loss
+    def record(self, step: int, loss: float, seconds: float) -> None:
+        self.losses[step], self.seconds[step] = loss, seconds
 
     def flush(self) -> None:
-        lines = (json.dumps({"step": s, "loss": v}) for s, v in sorted(self.losses.items()))
-        self.location.write_text("\n".join(lines) + "\n")
+        lines = (json.dumps({"step": s, "loss": v, "s": round(self.seconds[s], 6)}) for s, v in
+                 sorted(self.losses.items()))
+        self.writer.put(self.location, "\n".join(lines) + "\n")
 
 
 class AuditLog:
     """One rank's trained sample ids of one attempt, one id per line, in training order."""
 
-    def __init__(self, root: Location, attempt_id: str, rank: int):
-        self.location = root.child(attempt_id, f"rank-{rank:05d}.txt")
+    def __init__(self, root: Location, attempt_id: str, rank: int, writer: RecordWriter):
+        self.location, self.writer = attempt_file(root, attempt_id, f"rank-{rank:05d}.txt"), writer
         self.ids: list[int] = []
 
     def record(self, ids: list[int]) -> None:
         self.ids.extend(ids)
 
     def flush(self) -> None:
-        self.location.write_text("".join(f"{i}\n" for i in self.ids))
+        self.writer.put(self.location, "".join(f"{i}\n" for i in self.ids))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    attempt_id: str
+    loss: float
+    seconds: float
+
+
+def read_steps(root: Location, attempt_id: str) -> dict[int, StepRecord]:
+    """step -> what one attempt recorded for it (empty if it recorded nothing)."""
+    location = attempt_file(root, attempt_id, _LOSSES_FILE)
+    if not location.exists():
+        return {}
+    records = (json.loads(line) for line in location.read_text().splitlines() if line)
+    return {int(r["step"]): StepRecord(attempt_id, float(r["loss"]), float(r.get("s", 0.0))) for r in records}
+
+
+def lineage(root: Location) -> dict[int, StepRecord]:
+    """step -> the record of the latest attempt that trained it: the history of the final model."""
+    steps: dict[int, StepRecord] = {}
+    for attempt in read_attempts(root):
+        steps.update(read_steps(root, attempt.attempt_id))
+    return dict(sorted(steps.items()))
 
 
 def lineage_losses(root: Location) -> dict[int, float]:
     """step -> loss of the final model's history."""
-    losses: dict[int, float] = {}
-    for attempt in read_attempts(root):
-        log = root.child(attempt.attempt_id, _LOSSES_FILE)
-        if log.exists():
-            for line in log.read_text().splitlines():
-                record = json.loads(line)
-                losses[int(record["step"])] = float(record["loss"])
-    return dict(sorted(losses.items()))
+    return {step: record.loss for step, record in lineage(root).items()}
 
 
 def lineage_sample_ids(audit_root: Location) -> dict[int, list[int]]:

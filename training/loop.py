@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training import ledger
-from training.checkpoint import Checkpointer, CommittedCheckpoint, RngState
+from training.checkpoint import Checkpointer, RngState
 from training.config import TrainConfig
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
@@ -29,10 +29,11 @@ from training.optim import build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
 from training.storage import Location, resolve
+from training.telemetry import Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
 
-Reporter = Callable[[dict, CommittedCheckpoint | None], None]
+Reporter = Callable[[dict], None]
 
 
 def _no_preemption() -> float | None:
@@ -171,12 +172,16 @@ def build_training(cfg: TrainConfig, env: WorkerEnv) -> Training:
 
 def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
+    entered_at = time.time()
     t = build_training(cfg, env)
-    sampler, progress, state = t.sampler, t.progress, t.state
+    progress, state = t.progress, t.state
     options = cfg.storage.options()
     root = run_root(cfg)
-    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size)
+    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size,
+                                cfg.checkpoint.save_failure_budget_s, max_retry_gap=cfg.checkpoint.every_steps)
+    restore_started = time.time()
     restored = checkpointer.restore_latest(state, per_rank_keys=("rng",))
+    restore_s = time.time() - restore_started
     if restored is None:
         torch.manual_seed(cfg.seed + env.rank)
     elif restored.world_size != env.world_size:
@@ -189,115 +194,167 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
 
     attempt = ledger.AttemptInfo(_shared_attempt_id(), progress.step, env.world_size, cfg.per_worker_batch)
     attempts_root = root.child("attempts")
-    losses = ledger.LossLog(attempts_root, attempt.attempt_id)
+    records = ledger.RecordWriter()
+    losses = ledger.LossLog(attempts_root, attempt.attempt_id, records)
     audit = None
     if cfg.audit_dir:
         audit_root = resolve(cfg.audit_dir, options)
-        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank)
+        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank, records)
         if env.rank == 0:
             ledger.write_attempt(audit_root, attempt)
     if env.rank == 0:
         ledger.write_attempt(attempts_root, attempt)
+    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
+    telemetry = Telemetry(env.rank == 0, attempts_root, attempt, entered_at, cfg.train.max_steps, tokens_per_step,
+                          t.shape.flops_per_token(), peak_flops(cfg.train.peak_tflops, env.device), cfg.run.name,
+                          records)
+    telemetry.started(restore_started - entered_at, restore_s)
+    try:
+        return _train_steps(cfg, env, t, checkpointer, _Records(attempt, attempts_root, records, losses, audit),
+                            telemetry, last_step)
+    except BaseException as exc:
+        telemetry.failed(exc)
+        raise
 
+
+@dataclass(frozen=True)
+class _Records:
+    """This attempt's ledger entries."""
+
+    attempt: ledger.AttemptInfo
+    root: Location
+    writer: ledger.RecordWriter
+    losses: ledger.LossLog
+    audit: ledger.AuditLog | None
+
+
+def _train_steps(cfg: TrainConfig, env: WorkerEnv, t: Training, checkpointer: Checkpointer, records: _Records,
+                 telemetry: Telemetry, last_step: int) -> dict:
+    sampler, progress, state = t.sampler, t.progress, t.state
+    losses, audit = records.losses, records.audit
     prefetch = _Prefetcher(t.dataset)
-    pending_losses: list[tuple[int, torch.Tensor]] = []
+    pending_losses: list[tuple[int, torch.Tensor, float]] = []
     tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
     timed_steps, timed_seconds = 0, 0.0
 
-    def flush_logs() -> None:
+    def flush_logs(durable: bool = False) -> None:
+        """Queue the records; ``durable`` (before a checkpoint) waits for them unless storage is failing."""
         _reduce_losses(pending_losses, tokens_per_step, losses)
         pending_losses.clear()
         if env.rank == 0:
             losses.flush()
         if audit:
             audit.flush()
+        if durable:
+            records.writer.flush()
 
-    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    def save(blocking: bool = False) -> None:
+        started = time.perf_counter()
+        committed = checkpointer.save(progress.step, state, blocking=blocking)
+        telemetry.checkpoint(time.perf_counter() - started, checkpointer.last_save_s)
+        if committed:
+            env.report({"step": committed.step})
+
     while progress.step < last_step:
         started = time.perf_counter()
         ids = sampler.next_batch(env.rank, env.world_size)
         upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
         batch = prefetch.get(ids, upcoming if progress.step + 1 < last_step else None)
-        pending_losses.append((progress.step + 1, t.step(batch)))
+        loss = t.step(batch)
+        seconds = time.perf_counter() - started
         progress.step += 1
+        pending_losses.append((progress.step, loss, seconds))
+        telemetry.step_done(seconds)
         if audit:
             audit.record(ids)
         step = progress.step
+        if step > 1:
+            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if step % cfg.train.log_every == 0 or step == last_step:
             flush_logs()  # also the record of how far this attempt got, should it die before its next save
-            if env.rank == 0:
-                log.info("step %d loss %.4f lr %.2e", step, losses.losses[step], t.scheduler.get_last_lr()[0])
-        if step > 1:
-            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + time.perf_counter() - started
-        if step % cfg.checkpoint.every_steps == 0 or step == last_step:
-            flush_logs()
-            committed = checkpointer.save(step, state)
-            if committed:
-                env.report({"step": committed.step}, committed)
+            telemetry.logged(step, losses.losses[step], t.scheduler.get_last_lr()[0], checkpointer.failed_saves)
+        if step % cfg.checkpoint.every_steps == 0 or checkpointer.retry_due(step):
+            flush_logs(durable=True)
+            save()
         if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < last_step:
             deadline = env.preemption_deadline()
             if deadline is not None:
-                flush_logs()
-                _survive_preemption(deadline, step, checkpointer, state, env)
+                flush_logs(durable=True)
+                _survive_preemption(deadline, step, checkpointer, state, env, telemetry)
 
-    flush_logs()
-    committed = checkpointer.wait()
+    flush_logs(durable=True)
+    started = time.perf_counter()
+    committed = checkpointer.commit_final(progress.step, state)
+    telemetry.checkpoint(time.perf_counter() - started, checkpointer.last_save_s)
     checkpointer.close()
-    if committed:
-        env.report({"step": committed.step}, committed)
+    env.report({"step": committed.step})
     final = {
         "final_step": progress.step,
         "final_loss": losses.losses.get(progress.step),
         "samples_consumed": sampler.consumed,
         "param_sha256": param_sha256(t.model),
         "tokens_per_s": timed_steps * tokens_per_step / timed_seconds if timed_seconds else None,
-        "attempt_id": attempt.attempt_id,
+        "attempt_id": records.attempt.attempt_id,
+        "failed_saves": checkpointer.failed_saves,
     }
+    telemetry.finished()
+    records.writer.close(timeout_s=max(60.0, cfg.checkpoint.save_failure_budget_s))
     if env.rank == 0:
-        ledger.write_final(attempts_root, attempt.attempt_id, final)
-    env.report(final, None)
+        ledger.write_final(records.root, records.attempt.attempt_id, final)
+    env.report(final)
     return final
 
 
 PREEMPTION_WAIT_GRACE_S = 30.0
 
 
-def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv) -> None:
+def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv,
+                        telemetry: Telemetry) -> None:
     """A drain with a deadline was announced: commit the current step, then stop making progress until the node
     goes, so that no step is lost. If the deadline is too short for a save, fall back to the last checkpoint."""
-    remaining = deadline - time.time()
+    noticed_at = time.time()
+    remaining = deadline - noticed_at
     estimate = checkpointer.last_save_s
-    if estimate is not None and remaining < 1.2 * estimate:
+    # Rank 0's estimate decides for all: the save is a collective, every rank must choose alike.
+    too_short = checkpointer.agree(estimate is not None and remaining < 1.2 * estimate)
+    if too_short:
+        telemetry.notice(step, noticed_at, committed=False)
         log.warning("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
                     "a restart resumes from the last committed checkpoint", remaining, estimate)
         return
     started = time.monotonic()
-    if checkpointer.last_step == step:  # this step is saved already (maybe still in flight): never rewrite it
-        committed = checkpointer.wait()
-    else:
-        committed = checkpointer.save(step, state, blocking=True)
-    if committed:
-        env.report({"step": step, "emergency": True}, committed)
+    committed = checkpointer.ensure_saved(step, state)
+    telemetry.checkpoint(time.monotonic() - started, checkpointer.last_save_s)
+    telemetry.notice(step, noticed_at, committed=committed is not None)
+    if committed is None:
+        log.warning("preemption notice: the emergency checkpoint of step %d failed; continuing, a restart resumes "
+                    "from the last committed checkpoint", step)
+        return
+    env.report({"step": step, "emergency": True})
     if env.rank == 0:
         log.warning("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
                     "deadline; waiting for the node to go", step, time.monotonic() - started, deadline - time.time())
+    waiting_since = time.monotonic()
     while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
         time.sleep(0.2)
+    telemetry.drain_wait(time.monotonic() - waiting_since)
     log.warning("the announced preemption did not happen: continuing to train")
 
 
-def _reduce_losses(pending: list[tuple[int, torch.Tensor]], tokens_per_step: int, losses: ledger.LossLog) -> None:
+def _reduce_losses(pending: list[tuple[int, torch.Tensor, float]], tokens_per_step: int,
+                   losses: ledger.LossLog) -> None:
     """One all-reduce for a window of steps: per-step mean token loss over the global batch."""
     if not pending:
         return
-    stacked = torch.stack([loss for _, loss in pending])
+    stacked = torch.stack([loss for _, loss, _ in pending])
     if dist.is_initialized():
         dist.all_reduce(stacked)
-    for (step, _), total in zip(pending, stacked.tolist(), strict=True):
+    for (step, _, seconds), total in zip(pending, stacked.tolist(), strict=True):
         value = total / tokens_per_step
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
-        losses.record(step, value)
+        losses.record(step, value, seconds)
 
 
 def _shared_attempt_id() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -10,19 +11,21 @@ import time
 import pytest
 
 from training import ledger
+from training.bench.s3local import create_bucket
 from training.checkpoint import checkpoints_root, list_committed
 from training.drills.cluster import LocalCluster
-from training.storage import resolve
+from training.drills.outage import OutageProxy
+from training.storage import StorageOptions, resolve
 
 MAX_STEPS = 120
 
 
-def start_training(dataset_url: str, tmp_path, cluster: LocalCluster) -> subprocess.Popen:
+def start_training(dataset_url: str, tmp_path, cluster: LocalCluster, *extra: str) -> subprocess.Popen:
     args = [
         f"data.path={dataset_url}", f"checkpoint.path={tmp_path}/ckpt", "run.name=drill", "model.preset=tiny",
         "train.seq_len=32", "train.global_batch_size=12", f"train.max_steps={MAX_STEPS}", "train.log_every=1",
         "checkpoint.every_steps=20", "checkpoint.keep_last=10", "scaling.num_workers=2",
-        "fault_tolerance.preemption_check_every_steps=2",
+        "fault_tolerance.preemption_check_every_steps=2", *extra,
     ]
     cmd = [sys.executable, "-m", "training.cli", "train", "--summary-json", str(tmp_path / "summary.json"),
            "--audit-dir", str(tmp_path / "audit")]
@@ -33,8 +36,8 @@ def start_training(dataset_url: str, tmp_path, cluster: LocalCluster) -> subproc
                             stderr=subprocess.STDOUT)
 
 
-def wait_for_checkpoint(tmp_path, step: int, driver: subprocess.Popen, timeout_s: float = 180) -> None:
-    root = checkpoints_root(resolve(f"{tmp_path}/ckpt").child("drill"))
+def wait_for_checkpoint(tmp_path, step: int, driver: subprocess.Popen, timeout_s: float = 180, run_root=None) -> None:
+    root = checkpoints_root(run_root or resolve(f"{tmp_path}/ckpt").child("drill"))
     deadline = time.time() + timeout_s
     while time.time() < deadline and driver.poll() is None:
         if any(c.step >= step for c in list_committed(root)):
@@ -53,24 +56,20 @@ def finish(driver: subprocess.Popen, tmp_path, timeout_s: float = 400) -> dict:
     return json.loads((tmp_path / "summary.json").read_text())
 
 
-def attempts_and_last_steps(tmp_path) -> list[tuple[int, int]]:
+def attempts_and_last_steps(tmp_path, run_root=None) -> list[tuple[int, int]]:
     """(resumed-from step, last step trained) per attempt, from the run's ledger."""
-    root = resolve(f"{tmp_path}/ckpt").child("drill", "attempts")
-    out = []
-    for attempt in ledger.read_attempts(root):
-        log = root.child(attempt.attempt_id, "losses.jsonl")
-        steps = [json.loads(line)["step"] for line in log.read_text().splitlines()] if log.exists() else []
-        out.append((attempt.from_step, max(steps, default=attempt.from_step)))
-    return out
+    root = (run_root or resolve(f"{tmp_path}/ckpt").child("drill")).child("attempts")
+    return [(a.from_step, max(ledger.read_steps(root, a.attempt_id), default=a.from_step))
+            for a in ledger.read_attempts(root)]
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, s3_server):  # after the S3 server: its credentials reach every node
     with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as c:
         yield c
 
 
-def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject) -> tuple[int, int]:
+def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expected_kind: str) -> tuple[int, int]:
     """Train, call ``inject(victim)`` once step 20 is committed, add a replacement node, and check the run
     finished with every sample trained exactly once over two attempts. Returns (last step of the first
     attempt, step the second attempt resumed from)."""
@@ -83,14 +82,44 @@ def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject) -> tupl
     assert summary["audit"]["exactly_once"], summary["audit"]
     history = attempts_and_last_steps(tmp_path)
     assert len(history) == 2, history
+    assert [e["kind"] for e in summary["events"]] == [expected_kind], summary["events"]
     (_, first_last), (second_from, _) = history
     return first_last, second_from
 
 
 def test_preemption_with_notice_loses_no_steps(cluster, dataset_url, tmp_path):
-    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice)
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice, "notice")
     # The notice lands between periodic saves, or on one, which is then reused rather than rewritten.
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
+    driver_log = (tmp_path / "driver.log").read_text()
+    assert "PREEMPTION NOTICE at step" in driver_log and "RESUMED from step" in driver_log, driver_log[-3000:]
+
+
+def test_storage_outage_during_saves_training_continues_and_no_partial_checkpoint_is_adopted(
+        cluster, dataset_url, tmp_path, s3_server):
+    bucket, steps = create_bucket(s3_server), 600  # long enough to still be training when the outage ends
+    with OutageProxy(s3_server) as proxy:
+        root = resolve(f"{bucket}/ckpt", StorageOptions(endpoint_url=s3_server)).child("drill")
+        driver = start_training(dataset_url, tmp_path, cluster, f"checkpoint.path={bucket}/ckpt",
+                                f"storage.endpoint_url={proxy.endpoint}", "checkpoint.every_steps=10",
+                                f"train.max_steps={steps}")
+        wait_for_checkpoint(tmp_path, 20, driver, run_root=root)
+        proxy.cut()
+        cut_at = time.time()
+        time.sleep(5)
+        committed_during = {c.step for c in list_committed(checkpoints_root(root))}
+        proxy.restore()
+        summary = finish(driver, tmp_path)
+    driver_log = (tmp_path / "driver.log").read_text()
+    failed = {int(m) for m in re.findall(r"checkpoint of step (\d+) failed", driver_log)}
+    assert failed, (f"no save failed in the outage at {cut_at:.1f} (proxy: {proxy.forwarded} connections forwarded, "
+                    f"{proxy.refused} refused):\n{driver_log[-3000:]}")
+    assert summary["final_step"] == steps and summary["audit"]["exactly_once"], summary["audit"]
+    assert len(attempts_and_last_steps(tmp_path, root)) == 1, "the outage must not restart training"
+    assert set(map(int, summary["losses"])) == set(range(1, steps + 1)), "the loss log caught up"
+    committed = {c.step for c in list_committed(checkpoints_root(root))}
+    assert not failed & (committed | committed_during), "a failed save was adopted as committed"
+    assert steps in committed
 
 
 @pytest.mark.slow
@@ -99,7 +128,7 @@ def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluste
         time.sleep(1.0)  # steps past the checkpoint, which the restart must recompute
         cluster.kill(node)
 
-    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps)
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps, "kill")
     assert second_from % 20 == 0, "with no notice, the restart resumes from a periodic checkpoint"
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
 

@@ -8,7 +8,8 @@ from training import config
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_cluster(s3_server):
+    """Started after the S3 server, whose credentials every Ray worker inherits."""
     import os
 
     import ray

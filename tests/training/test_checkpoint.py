@@ -8,8 +8,11 @@ import logging
 import pytest
 import torch
 
+from training.bench.s3local import create_bucket
 from training.checkpoint import COMMIT_MARKER, Checkpointer, list_committed
+from training.drills.outage import OutageProxy
 from training.errors import CheckpointError
+from training.storage import StorageOptions, resolve
 
 
 class Box:
@@ -97,3 +100,47 @@ def test_retention_keeps_last_n_committed_and_drops_older_partials(run_root, asy
     save_steps(run_root, [20, 30, 40], keep_last=2, async_save=async_save)
     assert [c.step for c in list_committed(ckpts)] == [40, 30]
     assert ckpts.list_names() == ["step_000000030", "step_000000040"]
+
+
+@pytest.fixture
+def outage(s3_server):
+    with OutageProxy(s3_server) as proxy:
+        yield proxy
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_failed_save_during_an_outage_is_retried_and_never_resumed_from(outage, s3_server, async_save, caplog):
+    bucket = create_bucket(s3_server)
+    root = resolve(f"{bucket}/run", StorageOptions(endpoint_url=outage.endpoint))
+    ckpt = Checkpointer(root, keep_last=10, async_save=async_save, rank=0, world_size=1, failure_budget_s=600)
+    ckpt.save(10, {"box": Box(10.0)}, blocking=True)
+    outage.cut()
+    with caplog.at_level(logging.WARNING):
+        ckpt.save(20, {"box": Box(20.0)})
+        ckpt.wait()  # async: the failure surfaces here, at a point every rank reaches alike
+    assert ckpt.failed_saves == 1 and "training continues" in caplog.text
+    assert ckpt.retry_due(21)
+    outage.restore()
+    assert restore(root) == (10, 10.0), "the failed save must never be resumed from"
+    assert ckpt.ensure_saved(21, {"box": Box(21.0)}).step == 21
+    ckpt.close()
+    assert not ckpt.retry_due(22) and restore(root) == (21, 21.0)
+
+
+def test_retry_gap_doubles_up_to_its_cap(outage, s3_server):
+    root = resolve(f"{create_bucket(s3_server)}/run", StorageOptions(endpoint_url=outage.endpoint))
+    ckpt = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1, max_retry_gap=3)
+    outage.cut()
+    gaps = []
+    for step in (10, 11, 13):
+        assert ckpt.save(step, {"box": Box(1.0)}) is None
+        gaps.append(next(s for s in range(step, step + 10) if ckpt.retry_due(s)) - step)
+    assert gaps == [1, 2, 3]
+
+
+def test_exhausted_failure_budget_stops_the_run_naming_the_setting(outage, s3_server):
+    root = resolve(f"{create_bucket(s3_server)}/run", StorageOptions(endpoint_url=outage.endpoint))
+    ckpt = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1, failure_budget_s=0)
+    outage.cut()
+    with pytest.raises(CheckpointError, match=r"StorageError: cannot stat s3:.*save_failure_budget_s=0 is used up"):
+        ckpt.save(10, {"box": Box(1.0)})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.training.conftest import make_config
@@ -67,14 +65,13 @@ def test_elastic_resume_2_then_1_then_3_workers_consumes_every_sample_once(paral
     assert_losses_close(losses(summary), losses(straight[parallel]), 1e-4)
 
 
-def test_checkpoints_are_registered_with_ray_without_a_second_copy(straight, tmp_path):
+def test_ray_keeps_no_checkpoint_state_that_a_storage_outage_could_fail(straight, tmp_path):
     ckpt = straight["ddp"]["checkpoints"]
     assert [c.rsplit("_", 1)[1] for c in ckpt] == ["000000010", "000000020", "000000030", "000000040"]
     run_root = resolve(ckpt[0].rsplit("/checkpoints/", 1)[0])
-    snapshot = json.loads(run_root.child("checkpoint_manager_snapshot.json").read_text())
-    assert snapshot["latest_checkpoint_result"]["checkpoint_dir_name"] == "checkpoints/step_000000040"
-    ray_copies = [n for n in run_root.list_names() if n.startswith("checkpoint_") and run_root.child(n).is_dir()]
-    assert ray_copies == []  # Ray made no copy of its own
+    names = run_root.list_names()
+    assert "checkpoint_manager_snapshot.json" not in names  # written by Ray at each registered checkpoint
+    assert [n for n in names if n.startswith("checkpoint_")] == []  # and no copy of its own
 
 
 def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):

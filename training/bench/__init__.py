@@ -11,6 +11,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
 
         storages = [s.strip() for s in args.storage.split(",") if s.strip()]
         return run(storages, s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
+    if which == "recovery":
+        from training.bench.recovery import run
+
+        return run(preset=args.preset, rounds=args.rounds)
     from training.bench.throughput import run
 
     return run(steps=args.steps or 20, preset=args.preset, workers=args.workers)

@@ -45,7 +45,7 @@ def _worker(loop_config: dict) -> None:
     repeats = loop_config["repeats"]
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
-                    lambda metrics, ckpt: None)
+                    lambda metrics: None)
     t = build_training(cfg, env)
     for _ in range(2):  # populate AdamW state so the checkpoint has its real size
         t.step(t.dataset.batch(t.sampler.next_batch(env.rank, env.world_size)))

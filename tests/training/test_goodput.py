@@ -1,0 +1,90 @@
+"""Goodput accounting and interruption events from a hand-made ledger of three attempts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from training import goodput, ledger
+from training.storage import resolve
+
+
+def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict) -> None:
+    info = ledger.AttemptInfo(attempt_id, from_step, world_size=2, per_rank_batch=4, started_at=status["entered_at"])
+    ledger.write_attempt(root, info)
+    writer = ledger.RecordWriter()
+    losses = ledger.LossLog(root, attempt_id, writer)
+    for step in range(from_step + 1, last_step + 1):
+        losses.record(step, loss=10.0 / step, seconds=1.0)
+    losses.flush()
+    clock = goodput.AttemptClock(root, attempt_id, status["entered_at"], 100, writer)
+    clock.update(**status)
+    writer.put(clock.location, json.dumps(clock.status))  # flush() would stamp last_seen with now
+    writer.close(timeout_s=10)
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A: trains 1-50, drain notice at step 50 (t=1090). B: resumes at 50, trains to 80, vanishes (t=1200).
+    C: resumes from the step-70 checkpoint and finishes at 100."""
+    root = resolve(str(tmp_path / "attempts"))
+    root.child("run.json").write_text(json.dumps({"started_at": 1000.0}))
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "startup_s": 5.0, "restore_s": 0.0,
+                                     "checkpoint_save_s": 2.0, "drain_wait_s": 20.0, "first_step_at": 1016.0,
+                                     "last_seen": 1110.0, "notice": {"step": 50, "at": 1090.0, "committed": True}})
+    write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "startup_s": 4.0, "restore_s": 1.0,
+                                      "first_step_at": 1140.0, "last_seen": 1200.0})
+    write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "startup_s": 4.0, "restore_s": 1.0,
+                                       "checkpoint_save_s": 1.0, "first_step_at": 1225.0, "last_seen": 1300.0})
+    return root
+
+
+def test_time_is_split_by_category_and_goodput_counts_only_kept_steps(run):
+    account = goodput.account(run)
+    assert account.total_s == 300.0
+    s = account.seconds
+    assert s["productive"] == 100.0  # steps 1-50 of A, 51-70 of B, 71-100 of C: one second each
+    assert s["wasted"] == 10.0  # B's steps 71-80, trained again by C
+    assert s["startup"] == 10.0 + 5 + 4 + 4  # driver -> first worker, then each attempt's start-up
+    assert s["restore"] == 2.0 and s["checkpoint_save"] == 3.0
+    assert s["waiting"] == 20.0 + (1130 - 1110) + (1215 - 1200)  # the drain, then the gaps between attempts
+    assert s["other"] == pytest.approx(300 - sum(v for k, v in s.items() if k != "other"))
+    assert account.goodput == pytest.approx(100 / 300)
+
+
+def test_interruptions_are_classified_with_lost_steps_and_recovery_time(run):
+    events = goodput.account(run).events
+    assert [(e.kind, e.step, e.lost_steps, e.resumed_from) for e in events] == [("notice", 50, 0, 50),
+                                                                             ("kill", 80, 10, 70)]
+    assert events[0].recovery_s == 1140.0 - 1090.0  # from the notice to B's first step
+    assert events[1].recovery_s == 1225.0 - 1200.0  # from B's last sign of life to C's first step
+
+
+def test_an_error_ending_an_attempt_is_its_own_kind(run):
+    status = goodput.read_status(run, "b")
+    run.child("b", goodput.STATUS_FILE).write_text(json.dumps({**status, "error": "FloatingPointError: loss is nan"}))
+    assert [e.kind for e in goodput.account(run).events] == ["notice", "error"]
+
+
+def test_live_goodput_counts_earlier_attempts_kept_steps(run, monkeypatch):
+    live = goodput.LiveGoodput(run, from_step=70)  # as attempt C starts
+    monkeypatch.setattr(goodput.time, "time", lambda: 1300.0)
+    assert live(productive_this_attempt=30.0) == pytest.approx(100 / 300)
+
+
+def test_records_outlive_a_storage_outage_and_the_newest_version_wins(s3_server, tmp_path):
+    from training.bench.s3local import create_bucket
+    from training.drills.outage import OutageProxy
+    from training.storage import StorageOptions
+
+    with OutageProxy(s3_server) as proxy:
+        location = resolve(f"{create_bucket(s3_server)}/r.txt", StorageOptions(endpoint_url=proxy.endpoint))
+        writer = ledger.RecordWriter()
+        proxy.cut()
+        writer.put(location, "old")
+        writer.put(location, "new")
+        assert writer.flush() is False  # gives up at once: never blocks training during the outage
+        proxy.restore()
+        writer.close(timeout_s=60)
+        assert location.read_text() == "new"

@@ -1,0 +1,87 @@
+"""The usual Ray Train recipe, as the recovery benchmark's baseline: DDP via ``prepare_model``, rank 0
+``torch.save``s model + optimizer into a temp dir reported as a Ray checkpoint (Ray copies it to storage), and
+every rank ``torch.load``s it from ``ray.train.get_checkpoint()`` after a restart.
+
+Run as ``python -m training.bench.baseline_job '<json>'`` against the cluster at RAY_ADDRESS."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import ray
+import ray.train
+import torch
+import torch.nn.functional as F
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from training.config import from_dict
+from training.data.dataset import TokenDataset
+from training.model import GPT, GPTShape
+
+
+def train_fn(job: dict) -> None:
+    cfg = from_dict(job["train"])
+    rank = ray.train.get_context().get_world_rank()
+    torch.manual_seed(cfg.seed)
+    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len)
+    model = ray.train.torch.prepare_model(GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    start, resumed = 0, ray.train.get_checkpoint()
+    if resumed:
+        with resumed.as_directory() as directory:
+            state = torch.load(Path(directory) / "state.pt", weights_only=True)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        start = state["step"]
+    per_rank = cfg.per_worker_batch
+    for step in range(start + 1, cfg.train.max_steps + 1):
+        first = (step * cfg.train.global_batch_size + rank * per_rank) % (len(dataset) - per_rank)
+        batch = dataset.batch(list(range(first, first + per_rank)))
+        logits = model(batch[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if rank == 0:
+            _record(job["progress"], step=step, first_resumed_step_at=time.time() if resumed and step == start + 1
+                    else None)
+        if step % cfg.checkpoint.every_steps == 0:
+            with tempfile.TemporaryDirectory() as tmp:
+                checkpoint = None
+                if rank == 0:
+                    torch.save({"model": model.module.state_dict(), "optim": optimizer.state_dict(), "step": step},
+                               Path(tmp) / "state.pt")
+                    checkpoint = Checkpoint.from_directory(tmp)
+                ray.train.report({"step": step}, checkpoint=checkpoint)
+            if rank == 0:
+                _record(job["progress"], checkpointed=step)
+
+
+def _record(path: str, **values) -> None:
+    """Rank 0's progress file, read by the benchmark harness."""
+    file = Path(path)
+    current = json.loads(file.read_text()) if file.exists() else {}
+    current.update({k: v for k, v in values.items() if v is not None})
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(current))
+    tmp.replace(file)
+
+
+def main(job: dict) -> None:
+    cfg = from_dict(job["train"])
+    ray.init()
+    TorchTrainer(
+        train_fn, train_loop_config=job,
+        scaling_config=ScalingConfig(num_workers=cfg.scaling.num_workers),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=cfg.run.name, storage_path=job["storage"],
+                             failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures)),
+    ).fit()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

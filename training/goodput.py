@@ -1,0 +1,151 @@
+"""Where a run's wall time went, and what interrupted it, from the ledger in storage (survives restarts).
+
+Rank 0 of every attempt keeps an ``AttemptClock`` and rewrites the attempt's ``status.json`` at each log
+interval. Goodput is the time spent on steps that the final model kept, over the wall time since the run
+started; steps that a later attempt trained again are wasted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from training import ledger
+from training.storage import Location
+
+STATUS_FILE = "status.json"
+CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "wasted", "waiting", "other")
+
+
+class AttemptClock:
+    """Rank 0's account of one attempt: seconds by category, live progress and how the attempt ended."""
+
+    def __init__(self, root: Location, attempt_id: str, entered_at: float, max_steps: int,
+                 writer: ledger.RecordWriter):
+        self.location, self.writer = ledger.attempt_file(root, attempt_id, STATUS_FILE), writer
+        self.status: dict = {
+            "entered_at": entered_at, "startup_s": 0.0, "restore_s": 0.0, "checkpoint_save_s": 0.0,
+            "drain_wait_s": 0.0, "first_step_at": None, "last_seen": entered_at, "notice": None, "error": None,
+            "step": None, "max_steps": max_steps, "loss": None, "tokens_per_s": None, "goodput": None,
+            "failed_saves": 0,
+        }
+
+    def add(self, category: str, seconds: float) -> None:
+        self.status[f"{category}_s"] += seconds
+
+    def update(self, **fields) -> None:
+        self.status.update(fields)
+
+    def flush(self) -> None:
+        self.status["last_seen"] = time.time()
+        self.writer.put(self.location, json.dumps(self.status, sort_keys=True))
+
+
+def read_status(root: Location, attempt_id: str) -> dict | None:
+    location = ledger.attempt_file(root, attempt_id, STATUS_FILE)
+    return json.loads(location.read_text()) if location.exists() else None
+
+
+class LiveGoodput:
+    """Goodput while training: productive seconds of earlier attempts' kept steps, plus this attempt's."""
+
+    def __init__(self, root: Location, from_step: int):
+        self.run_started = ledger.run_started_at(root) or time.time()
+        kept = ledger.lineage(root)
+        self.prior_productive = sum(r.seconds for step, r in kept.items() if step <= from_step)
+
+    def __call__(self, productive_this_attempt: float) -> float:
+        elapsed = time.time() - self.run_started
+        return min(1.0, (self.prior_productive + productive_this_attempt) / elapsed) if elapsed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interruption: ``kind`` is notice (drain announced), kill (gone without notice) or error."""
+
+    kind: str
+    step: int
+    lost_steps: int
+    recovery_s: float | None  # interruption -> first step of the next attempt
+    resumed_from: int
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "step": self.step, "lost_steps": self.lost_steps,
+                "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
+                "resumed_from": self.resumed_from}
+
+
+@dataclass(frozen=True)
+class Account:
+    seconds: dict[str, float]
+    total_s: float
+    events: list[Event]
+
+    @property
+    def goodput(self) -> float:
+        return self.seconds["productive"] / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"goodput": round(self.goodput, 4), "total_s": round(self.total_s, 2),
+                "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+                "lost_steps": sum(e.lost_steps for e in self.events),
+                "events": [e.to_dict() for e in self.events]}
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    info: ledger.AttemptInfo
+    status: dict | None
+    steps: dict[int, ledger.StepRecord]
+
+    @property
+    def last_step(self) -> int:
+        return max(self.steps, default=self.info.from_step)
+
+    @property
+    def entered_at(self) -> float:
+        return self.status["entered_at"] if self.status else self.info.started_at
+
+    @property
+    def last_seen(self) -> float:
+        return self.status["last_seen"] if self.status else self.info.started_at
+
+    def status_of(self, key: str, default=0.0):
+        return self.status.get(key, default) if self.status else default
+
+
+def account(root: Location) -> Account:
+    """The run's time by category and its interruptions, from every attempt's records under ``root``."""
+    attempts = [_Attempt(a, read_status(root, a.attempt_id), ledger.read_steps(root, a.attempt_id))
+                for a in ledger.read_attempts(root)]
+    if not attempts:
+        return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [])
+    started = ledger.run_started_at(root) or attempts[0].info.started_at
+    kept = ledger.lineage(root)
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    seconds["productive"] = sum(r.seconds for r in kept.values())
+    seconds["wasted"] = sum(r.seconds for a in attempts for step, r in a.steps.items()
+                            if kept[step].attempt_id != a.info.attempt_id)
+    seconds["startup"] = attempts[0].entered_at - started
+    for a in attempts:
+        seconds["startup"] += a.status_of("startup_s")
+        seconds["restore"] += a.status_of("restore_s")
+        seconds["checkpoint_save"] += a.status_of("checkpoint_save_s")
+        seconds["waiting"] += a.status_of("drain_wait_s")
+    for prev, cur in zip(attempts, attempts[1:], strict=False):
+        seconds["waiting"] += max(0.0, cur.entered_at - prev.last_seen)
+    total = max(a.last_seen for a in attempts) - started
+    seconds["other"] = max(0.0, total - sum(seconds.values()))
+    events = [_event(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
+    return Account(seconds, total, events)
+
+
+def _event(prev: _Attempt, cur: _Attempt) -> Event:
+    notice, error = prev.status_of("notice", None), prev.status_of("error", None)
+    kind = "notice" if notice else "error" if error else "kill"
+    interrupted_at = notice["at"] if notice else prev.last_seen
+    step = notice["step"] if notice else prev.last_step
+    resumed_at = cur.status_of("first_step_at", None)
+    recovery = resumed_at - interrupted_at if resumed_at else None
+    return Event(kind, step, max(0, prev.last_step - cur.info.from_step), recovery, cur.info.from_step)

@@ -1,0 +1,124 @@
+"""The driver's live view of a run, read from the ledger rank 0 keeps in storage: a progress line, and one
+line per interruption and per recovery."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from training import goodput, ledger
+from training.errors import SpotrayError
+from training.storage import Location
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(status: dict, tokens_per_step: int) -> str:
+    step, total = status.get("step") or 0, status["max_steps"]
+    parts = [f"step {step}/{total}"]
+    if status.get("loss") is not None:
+        parts.append(f"loss {status['loss']:.4f}")
+    tokens_per_s = status.get("tokens_per_s")
+    if tokens_per_s:
+        parts.append(f"{tokens_per_s:,.0f} tok/s")
+    if status.get("goodput") is not None:
+        parts.append(f"goodput {100 * status['goodput']:.0f}%")
+    if tokens_per_s and step < total:
+        parts.append(f"ETA {_clock((total - step) * tokens_per_step / tokens_per_s)}")
+    return " | ".join(parts)
+
+
+class ProgressMonitor:
+    """Polls the run's attempts while ``fit`` runs; a TTY gets one rewritten line, a log a line every 10 s."""
+
+    def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0):
+        self.root, self.tokens_per_step = attempts_root, tokens_per_step
+        self.stream = stream or sys.stderr
+        self.interval_s = interval_s
+        self.tty = self.stream.isatty()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-progress")
+        self._announced: set[tuple[str, str]] = set()
+        self._skip = {a.attempt_id for a in self._attempts()}  # earlier runs of this name were reported then
+        self._last_line, self._last_print = "", 0.0
+
+    def __enter__(self) -> ProgressMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.poll()
+        if self.tty and self._last_line:
+            self.stream.write("\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.poll()
+            except (SpotrayError, OSError, ValueError, KeyError):
+                pass  # storage hiccup or a record mid-write: the next poll catches up
+
+    def _attempts(self) -> list[ledger.AttemptInfo]:
+        return ledger.read_attempts(self.root)
+
+    def poll(self) -> None:
+        attempts = self._attempts()
+        statuses = {a.attempt_id: goodput.read_status(self.root, a.attempt_id) for a in attempts[-2:]}
+        if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
+            self._interruption(attempts[-2], statuses[attempts[-2].attempt_id], attempts[-1],
+                               statuses[attempts[-1].attempt_id])
+        if attempts and attempts[-1].attempt_id not in self._skip:
+            current = statuses[attempts[-1].attempt_id]
+            if current:
+                self._notice(attempts[-1].attempt_id, current)
+                self._progress(current)
+
+    def _notice(self, attempt_id: str, status: dict) -> None:
+        notice = status.get("notice")
+        if notice and self._once(attempt_id, "notice"):
+            outcome = ("emergency checkpoint committed, waiting for the node to go" if notice["committed"] else
+                       "no time for a checkpoint: the restart resumes from the last committed one")
+            self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
+
+    def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
+                      cur_status: dict | None) -> None:
+        if self._once(prev.attempt_id, "ended"):
+            last = (prev_status or {}).get("step") or prev.from_step
+            if prev_status and prev_status.get("error"):
+                self._event(f"FAILURE at step {last}: {prev_status['error']}")
+            elif not (prev_status and prev_status.get("notice")):
+                self._event(f"INTERRUPTED at step {last} without notice (node or driver lost): resuming")
+        if cur_status and cur_status.get("first_step_at") and self._once(cur.attempt_id, "resumed"):
+            last = (prev_status or {}).get("step") or prev.from_step
+            notice = (prev_status or {}).get("notice")
+            since = notice["at"] if notice else (prev_status or {}).get("last_seen", prev.started_at)
+            self._event(f"RESUMED from step {cur.from_step} on {cur.world_size} workers, "
+                        f"{cur_status['first_step_at'] - since:.1f}s after the interruption, "
+                        f"{max(0, last - cur.from_step)} steps lost")
+
+    def _once(self, attempt_id: str, what: str) -> bool:
+        key = (attempt_id, what)
+        if key in self._announced:
+            return False
+        self._announced.add(key)
+        return True
+
+    def _event(self, text: str) -> None:
+        self.stream.write(("\r\033[K" if self.tty else "") + f"spotray: {text}\n")
+        self._last_line = ""
+        self.stream.flush()
+
+    def _progress(self, status: dict) -> None:
+        line = progress_line(status, self.tokens_per_step)
+        now = time.monotonic()
+        if line == self._last_line or (not self.tty and now - self._last_print < 10):
+            return
+        self._last_line, self._last_print = line, now
+        self.stream.write(f"\r\033[K{line}" if self.tty else f"spotray: {line}\n")
+        self.stream.flush()

@@ -1,0 +1,53 @@
+"""Human-readable views of a finished run: the interruption table and the loss curve with events marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def format_table(summary: dict) -> str:
+    rows = [("event", "step", "lost steps", "resumed after")]
+    for e in summary["events"]:
+        recovery = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "-"
+        rows.append((e["kind"], str(e["step"]), str(e["lost_steps"]), recovery))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
+                                                                                                     strict=True)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    exactly_once = summary.get("exactly_once")
+    audit = "not audited" if exactly_once is None else "yes" if exactly_once else "NO"
+    lines.append("")
+    lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
+                 f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | "
+                 f"checkpoint every {summary['checkpoint_every_steps']} steps")
+    return "\n".join(lines)
+
+
+def plot_losses(summary: dict, path: str) -> str:
+    """The final model's loss history, with a vertical line per interruption. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(int(s) for s in summary["losses"])
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    ax.plot(steps, [summary["losses"][str(s)] for s in steps], color="#1f77b4", linewidth=1.2, label="loss")
+    colors = {"notice": "#2ca02c", "kill": "#d62728", "error": "#ff7f0e"}
+    for event in summary["events"]:
+        ax.axvline(event["step"], color=colors.get(event["kind"], "gray"), linestyle="--", linewidth=1)
+        if event["lost_steps"]:
+            ax.axvspan(event["resumed_from"], event["step"], color=colors.get(event["kind"], "gray"), alpha=0.15)
+        ax.annotate(f"{event['kind']} @ {event['step']}\n{event['lost_steps']} lost", (event["step"], 1.0),
+                    xycoords=("data", "axes fraction"), xytext=(4, -28), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"{summary['run_name']}: goodput {100 * summary['goodput']:.0f}%, "
+                 f"{len(summary['events'])} interruptions")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
