@@ -29,7 +29,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
     cfg = config.load(args.config, overrides)
     from training import launch  # Ray and torch load only once the config is known to be valid
 
-    summary = launch.run(cfg)
+    summary = launch.run(cfg, worker_logs=not args.no_worker_logs)
     _print_summary(summary)
     if args.summary_json:
         launch.write_summary(summary, args.summary_json)
@@ -40,7 +40,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     from training.launch import write_summary
     from training.report import format_table
 
-    summary = demo.run(args.workdir)
+    summary = demo.run(args.workdir, tuple(args.set or ()))
     print(format_table(summary))
     print(f"loss curve: {summary['loss_curve_png']}")
     if args.json:
@@ -80,11 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--summary-json", help="write the run summary here")
     p.add_argument("--audit-dir", help="URL where each rank records the sample ids it trained on")
+    p.add_argument("--no-worker-logs", action="store_true",
+                   help="do not stream the workers' logs here (progress and interruption lines still show)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("demo", help="the main job on the embedded default (local Ray, local storage, CPU)")
     p.add_argument("--workdir", default="./spotray-runs", help="where data and checkpoints go")
     p.add_argument("--json", help="write the summary here")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the demo config")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")

@@ -7,8 +7,9 @@ another is killed without notice at two thirds; each time a replacement node joi
 
 from __future__ import annotations
 
-import logging
-import os
+import json
+import subprocess
+import sys
 import sysconfig
 import threading
 import time
@@ -16,14 +17,19 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from training import config, goodput, launch, ledger
+import yaml
+
+from training import config, goodput, ledger
 from training.data.prepare import prepare
 from training.drills.cluster import LocalCluster
+from training.errors import SpotrayError
 from training.loop import run_root
 from training.report import plot_losses
 from training.storage import resolve
 
-log = logging.getLogger(__name__)
+
+class TrainingFailed(SpotrayError):
+    exit_code = 1
 
 
 def stdlib_corpus(workdir: str) -> str:
@@ -72,24 +78,35 @@ class FaultInjector:
         return (status or {}).get("step") or 0
 
 
-def run(workdir: str) -> dict:
+def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
     data_url = stdlib_corpus(workdir)
     run_name = time.strftime("demo-%Y%m%d-%H%M%S")
     root_url = resolve(workdir).url
     cfg = config.load(demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={root_url}",
-                                           f"run.name={run_name}", f"audit_dir={root_url}/audit/{run_name}"])
+                                           f"run.name={run_name}", f"audit_dir={root_url}/audit/{run_name}",
+                                           *overrides])
     steps, every = cfg.train.max_steps, cfg.checkpoint.every_steps
     plan = [("notice", steps // 3 + every // 2), ("kill", 2 * steps // 3 + every // 2)]
-    with LocalCluster(Path(workdir) / "ray-logs" / run_name, drain_timeout_s=20).start(workers=2) as cluster:
-        os.environ.update({k: v for k, v in cluster.node_env().items() if k.startswith("RAY_")})
-        import ray
-
-        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    run_dir = Path(run_root(cfg).path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file, summary_file = run_dir / "config.yaml", run_dir / "summary.json"
+    config_file.write_text(yaml.safe_dump(cfg.to_dict()))
+    log_dir = Path(workdir) / "ray-logs" / run_name
+    print(f"spotray demo: {steps} steps of a tiny GPT, DDP on 2 workers of a 3-node local Ray cluster; a preemption "
+          f"notice near step {plan[0][1]}, a node killed near step {plan[1][1]}", file=sys.stderr, flush=True)
+    with LocalCluster(log_dir, drain_timeout_s=20).start(workers=2) as cluster:
         injector = FaultInjector(cluster, run_root(cfg).child("attempts"), plan).start()
         try:
-            summary = launch.run(cfg)
+            # The driver is a process of its own, as in production: Ray reads its auth settings at import.
+            driver = subprocess.run(
+                [sys.executable, "-m", "training.cli", "train", "--config", str(config_file), "--summary-json",
+                 str(summary_file), "--no-worker-logs"],
+                env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=subprocess.DEVNULL)
         finally:
             injector.stop()
-            ray.shutdown()
-    summary["loss_curve_png"] = plot_losses(summary, str(Path(run_root(cfg).path) / "loss_curve.png"))
+    if driver.returncode != 0:
+        raise TrainingFailed(f"the demo run failed (exit {driver.returncode}); Ray's node logs are in {log_dir}")
+    summary = json.loads(summary_file.read_text())
+    summary["injected"] = [i["kind"] for i in injector.injected]
+    summary["loss_curve_png"] = plot_losses(summary, str(run_dir / "loss_curve.png"))
     return summary

@@ -69,13 +69,13 @@ def preflight(cfg: TrainConfig) -> TokenDataset:
     return TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
 
 
-def run(cfg: TrainConfig) -> dict:
+def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
     dataset = preflight(cfg)
     runtime_env = {"env_vars": forwarded_env(cfg.env)}
     if cfg.runtime.working_dir:
         runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
-    _ensure_ray(cfg)
+    _ensure_ray(cfg, worker_logs)
     root = run_root(cfg)
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
@@ -144,13 +144,13 @@ def write_summary(summary: dict, path: str) -> None:
     Path(path).write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _ensure_ray(cfg: TrainConfig) -> None:
+def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
+        ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
         return
-    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1))
+    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
 
 
 def start_local_ray(num_cpus: int, **kwargs) -> None:

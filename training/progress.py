@@ -115,6 +115,8 @@ class ProgressMonitor:
         self.stream.flush()
 
     def _progress(self, status: dict) -> None:
+        if status.get("step") is None:
+            return  # this attempt has not logged a step yet
         line = progress_line(status, self.tokens_per_step)
         now = time.monotonic()
         if line == self._last_line or (not self.tty and now - self._last_print < 10):

@@ -26,8 +26,11 @@ def format_table(summary: dict) -> str:
 
 def plot_losses(summary: dict, path: str) -> str:
     """The final model's loss history, with a vertical line per interruption. Returns the path."""
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -33,6 +33,14 @@ GAUGES = {
 }
 
 
+_TRANSPORT_ERRORS = ("gloo/transport", "Connection reset by peer", "Connection closed by peer", "NCCL")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """The error a surviving rank sees when another rank's node vanished mid-collective."""
+    return isinstance(exc, torch.distributed.DistError) or any(m in str(exc) for m in _TRANSPORT_ERRORS)
+
+
 def peak_flops(configured_tflops: float | None, device: torch.device) -> float | None:
     """Peak FLOP/s of one device: configured, or looked up for known GPUs; None when unknown (CPUs)."""
     if configured_tflops:
@@ -135,7 +143,8 @@ class Telemetry:
             self.clock.flush()
 
     def failed(self, exc: BaseException) -> None:
-        if self.enabled:
+        """Records why the attempt ended; a collective broken by a vanished peer is the peer's loss, not an error."""
+        if self.enabled and not lost_peer(exc):
             self.clock.update(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
             self.clock.flush()
 
