@@ -82,9 +82,10 @@ class _DcpFileSystem(FileSystemBase):
 
     Writes never come through here: ``_CommittingWriter`` writes shards and ``.metadata`` via the Location."""
 
-    def __init__(self, root: Location, expected: dict | None = None):
+    def __init__(self, root: Location, expected: dict | None = None, prefetched: dict[str, bytes] | None = None):
         self.root = root
         self.expected = expected or {}
+        self.prefetched = prefetched or {}
 
     def _loc(self, path) -> Location:
         rel = posixpath.relpath(os.fspath(path), self.root.path)
@@ -97,9 +98,10 @@ class _DcpFileSystem(FileSystemBase):
         yield io.BytesIO(self._verified_bytes(self._loc(path)))
 
     def _verified_bytes(self, loc: Location) -> bytes:
-        data = loc.read_bytes()
+        data = self.prefetched.pop(loc.name, None) or loc.read_bytes()
         want = self.expected.get(loc.name, {})
-        if len(data) != want.get("size", len(data)) or want.get("crc32", zlib.crc32(data)) != zlib.crc32(data):
+        # Shards carry a CRC32 per item (checked as each is used); only .metadata has a whole-file one.
+        if len(data) != want.get("size", len(data)) or ("crc32" in want and want["crc32"] != zlib.crc32(data)):
             raise CheckpointError(f"{loc.url} is corrupted (size or CRC32 differs from {COMMIT_MARKER})")
         return data
 
@@ -182,9 +184,9 @@ class _CommittingWriter(_FileSystemWriter):
 class _RawReader(FileSystemReader):
     """Reads what ``_CommittingWriter`` wrote: verified whole files, tensors rebuilt from raw bytes."""
 
-    def __init__(self, location: Location, expected: dict):
+    def __init__(self, location: Location, expected: dict, prefetched: dict[str, bytes] | None = None):
         super().__init__(location.path)
-        self.fs = _DcpFileSystem(location, expected=expected)
+        self.fs = _DcpFileSystem(location, expected=expected, prefetched=prefetched)
         self.chunks: dict = {}
 
     def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
@@ -362,11 +364,12 @@ class Checkpointer:
             if step is not None and step < newest and step not in committed_steps:
                 self.root.child(name).delete_tree()  # a partial save older than a committed one is garbage
 
-    def restore_latest(self, state: dict, per_rank_keys: tuple[str, ...] = ()) -> CommittedCheckpoint | None:
+    def restore_latest(self, state: dict, per_rank_keys: tuple[str, ...] = (),
+                       prefetch: RestorePrefetch | None = None) -> CommittedCheckpoint | None:
         """Load the newest committed checkpoint that reads back intact; returns it, or None for a fresh run.
 
         ``per_rank_keys`` name entries saved separately by each rank (e.g. RNG streams): they are restored only
-        when the world size is unchanged.
+        when the world size is unchanged. ``prefetch`` has the newest checkpoint's bytes read already.
         """
         candidates = list_committed(self.root) if self.rank == 0 else None
         candidates = _broadcast(candidates, self._group)
@@ -374,7 +377,8 @@ class Checkpointer:
         for candidate in candidates:
             to_load = state if candidate.world_size == self.world_size else {
                 k: v for k, v in state.items() if k not in per_rank_keys}
-            reader = _RawReader(candidate.location, candidate.files)
+            reader = _RawReader(candidate.location, candidate.files,
+                                prefetch.files_for(candidate.location) if prefetch else None)
             try:
                 dcp.load(to_load, storage_reader=reader, process_group=self._group)
             except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
@@ -399,7 +403,32 @@ def _persistent_stager() -> DefaultStager:
                                         use_non_blocking_copy=cuda))
 
 
-def list_committed(root: Location) -> list[CommittedCheckpoint]:
+class RestorePrefetch:
+    """Reads the newest committed checkpoint's files in the background, so that a restarted worker fetches its
+    checkpoint while it builds the model instead of after. The restore verifies the bytes as usual."""
+
+    def __init__(self, run_root: Location):
+        self.root = checkpoints_root(run_root)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-prefetch")
+        self._future = self._pool.submit(self._read)
+        self._pool.shutdown(wait=False)
+
+    def _read(self) -> tuple[str, dict[str, bytes]] | None:
+        committed = list_committed(self.root, warn=False)
+        if not committed:
+            return None
+        newest = committed[0]
+        return newest.url, {name: newest.location.child(name).read_bytes() for name in newest.files}
+
+    def files_for(self, location: Location) -> dict[str, bytes]:
+        try:
+            result = self._future.result()
+        except Exception:  # noqa: BLE001 - the restore reads the files again and reports what is wrong
+            return {}
+        return result[1] if result and result[0] == location.url else {}
+
+
+def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoint]:
     """Committed checkpoints under a ``checkpoints/`` root, newest first; partial ones are logged and skipped."""
     found = []
     for name in root.list_names():
@@ -409,8 +438,9 @@ def list_committed(root: Location) -> list[CommittedCheckpoint]:
         location = root.child(name)
         marker = _read_marker(location)
         if marker is None:
-            log.warning("skipping checkpoint %s: no valid %s (partial or interrupted save)",
-                        location.url, COMMIT_MARKER)
+            if warn:
+                log.warning("skipping checkpoint %s: no valid %s (partial or interrupted save)",
+                            location.url, COMMIT_MARKER)
             continue
         found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"]))
     return sorted(found, key=lambda c: c.step, reverse=True)

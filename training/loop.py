@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training import ledger
-from training.checkpoint import Checkpointer, RngState
+from training.checkpoint import Checkpointer, RestorePrefetch, RngState
 from training.config import TrainConfig
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
@@ -173,14 +173,15 @@ def build_training(cfg: TrainConfig, env: WorkerEnv) -> Training:
 def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
     entered_at = time.time()
+    root = run_root(cfg)
+    prefetch = RestorePrefetch(root)  # the checkpoint downloads while the model is built
     t = build_training(cfg, env)
     progress, state = t.progress, t.state
     options = cfg.storage.options()
-    root = run_root(cfg)
     checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size,
                                 cfg.checkpoint.save_failure_budget_s, max_retry_gap=cfg.checkpoint.every_steps)
     restore_started = time.time()
-    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",))
+    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",), prefetch=prefetch)
     restore_s = time.time() - restore_started
     if restored is None:
         torch.manual_seed(cfg.seed + env.rank)

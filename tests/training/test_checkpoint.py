@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from training.bench.s3local import create_bucket
-from training.checkpoint import COMMIT_MARKER, Checkpointer, list_committed
+from training.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed
 from training.drills.outage import OutageProxy
 from training.errors import CheckpointError
 from training.storage import StorageOptions, resolve
@@ -43,7 +43,8 @@ def save_steps(root, steps, keep_last=10, async_save=False):
 
 def restore(root) -> tuple[int | None, float]:
     box = Box(-1.0)
-    restored = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1).restore_latest({"box": box})
+    restored = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1).restore_latest(
+        {"box": box}, prefetch=RestorePrefetch(root))  # read ahead, verified all the same
     return (restored.step if restored else None), float(box.tensor[0, 0])
 
 

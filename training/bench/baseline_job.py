@@ -47,8 +47,7 @@ def train_fn(job: dict) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
-            _record(job["progress"], step=step, first_resumed_step_at=time.time() if resumed and step == start + 1
-                    else None)
+            _record(job["progress"], step=step, attempt_start=(start, time.time()) if step == start + 1 else None)
         if step % cfg.checkpoint.every_steps == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
@@ -61,11 +60,14 @@ def train_fn(job: dict) -> None:
                 _record(job["progress"], checkpointed=step)
 
 
-def _record(path: str, **values) -> None:
-    """Rank 0's progress file, read by the benchmark harness."""
+def _record(path: str, step: int | None = None, checkpointed: int | None = None,
+            attempt_start: tuple[int, float] | None = None) -> None:
+    """Rank 0's progress file, read by the benchmark harness: each attempt's (resumed-from step, first step end)."""
     file = Path(path)
-    current = json.loads(file.read_text()) if file.exists() else {}
-    current.update({k: v for k, v in values.items() if v is not None})
+    current = json.loads(file.read_text()) if file.exists() else {"attempts": []}
+    current.update({k: v for k, v in (("step", step), ("checkpointed", checkpointed)) if v is not None})
+    if attempt_start:
+        current["attempts"].append(attempt_start)
     tmp = file.with_suffix(".tmp")
     tmp.write_text(json.dumps(current))
     tmp.replace(file)

@@ -23,6 +23,7 @@ from training.errors import SpotrayError
 from training.loop import run_root
 
 CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the replacement joins
+SETTLE_S = 1.0  # after the first checkpoint, so that Ray has registered the baseline's too
 
 
 def _config(data_url: str, workdir: str, name: str, preset: str, every: int) -> config.TrainConfig:
@@ -44,12 +45,13 @@ def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
     def checkpointed() -> bool:
         return bool(list_committed(checkpoints_root(run_root(cfg))))
 
-    def resumed_at() -> float | None:
+    def resumed() -> tuple[int, float] | None:
         found = ledger.read_attempts(attempts)
         status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
-        return (status or {}).get("first_step_at")
+        first_step_at = (status or {}).get("first_step_at")
+        return (found[-1].from_step, first_step_at) if first_step_at else None
 
-    return proc, checkpointed, resumed_at
+    return proc, checkpointed, resumed
 
 
 def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
@@ -65,7 +67,11 @@ def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
         except (OSError, ValueError):
             return {}
 
-    return proc, lambda: "checkpointed" in read(), lambda: read().get("first_resumed_step_at")
+    def resumed() -> tuple[int, float] | None:
+        attempts = read().get("attempts", [])
+        return tuple(attempts[-1]) if len(attempts) > 1 else None
+
+    return proc, lambda: "checkpointed" in read(), resumed
 
 
 def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 600):
@@ -80,23 +86,25 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> float:
+def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> tuple[float, int]:
+    """Returns (seconds from the replacement node joining to the end of the first resumed step, resumed step)."""
     log = Path(workdir) / f"{cfg.run.name}.log"
     with LocalCluster(Path(workdir) / f"ray-{cfg.run.name}", drain_timeout_s=20).start(workers=2) as cluster:
-        proc, checkpointed, resumed_at = start_job(cfg, cluster, log)
+        proc, checkpointed, resumed = start_job(cfg, cluster, log)
         try:
             _wait(checkpointed, proc, "a first checkpoint", log)
+            time.sleep(SETTLE_S)
             cluster.kill(cluster.nodes[-1])
             time.sleep(CAPACITY_GAP_S)
             cluster.add_node()
             back_at = time.time()
-            first_step_at = _wait(resumed_at, proc, "a resumed step", log)
+            from_step, first_step_at = _wait(resumed, proc, "a resumed step", log)
             proc.wait(timeout=600)
         finally:
             proc.kill()
     if proc.returncode != 0:
         raise SpotrayError(f"recovery bench: {cfg.run.name} failed; see {log}")
-    return first_step_at - back_at
+    return first_step_at - back_at, from_step
 
 
 def run(preset: str = "small", rounds: int = 2, every: int = 5) -> dict:
@@ -109,7 +117,9 @@ def run(preset: str = "small", rounds: int = 2, every: int = 5) -> dict:
     return {
         "machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every,
         "capacity_gap_s": CAPACITY_GAP_S,
-        "baseline_recovery_s": [round(s, 2) for s in baseline],
-        "spotray_recovery_s": [round(s, 2) for s in spotray],
-        "recovery_ratio": round(min(spotray) / min(baseline), 3),
+        "baseline_recovery_s": [round(s, 2) for s, _ in baseline],
+        "baseline_resumed_from": [step for _, step in baseline],
+        "spotray_recovery_s": [round(s, 2) for s, _ in spotray],
+        "spotray_resumed_from": [step for _, step in spotray],
+        "recovery_ratio": round(min(s for s, _ in spotray) / min(s for s, _ in baseline), 3),
     }
