@@ -214,7 +214,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     try:
         return _train_steps(cfg, env, t, checkpointer, _Records(attempt, attempts_root, records, losses, audit),
                             telemetry, last_step)
-    except BaseException as exc:
+    except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         telemetry.failed(exc)
         raise
 

@@ -33,12 +33,15 @@ GAUGES = {
 }
 
 
-_TRANSPORT_ERRORS = ("gloo/transport", "Connection reset by peer", "Connection closed by peer", "NCCL")
+_TRANSPORT_ERRORS = ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
 def lost_peer(exc: BaseException) -> bool:
     """The error a surviving rank sees when another rank's node vanished mid-collective."""
-    return isinstance(exc, torch.distributed.DistError) or any(m in str(exc) for m in _TRANSPORT_ERRORS)
+    from ray.exceptions import RayError
+
+    return (isinstance(exc, (torch.distributed.DistError, RayError))
+            or any(m in str(exc) for m in _TRANSPORT_ERRORS))
 
 
 def peak_flops(configured_tflops: float | None, device: torch.device) -> float | None:
