@@ -101,6 +101,12 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     try:
         with ProgressMonitor(attempts, cfg.train.global_batch_size * cfg.train.seq_len):
             trainer.fit()
+    except ray.exceptions.RayActorError as exc:  # the controller is gone: the Ray head (or its node) was lost
+        committed = list_committed(checkpoints_root(root), warn=False)
+        resume = f"step {committed[0].step}" if committed else "the start"
+        raise TrainingFailed(
+            f"training run '{cfg.run.name}' lost its Ray cluster ({root_cause(exc)[:120]}); run the same command "
+            f"again, on a new cluster if need be, to resume from {resume}") from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
     return summarize(cfg, dataset.num_samples, root)

@@ -31,7 +31,7 @@ def start_training(dataset_url: str, tmp_path, cluster: LocalCluster, *extra: st
            "--audit-dir", str(tmp_path / "audit")]
     for arg in args:
         cmd += ["--set", arg]
-    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115
+    log = open(tmp_path / "driver.log", "a")  # noqa: SIM115 - a rerun appends
     return subprocess.Popen(cmd, env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log,
                             stderr=subprocess.STDOUT)
 
@@ -145,6 +145,10 @@ def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(da
             driver.kill()
             pytest.fail("the driver kept running after the Ray head died")
         assert driver.returncode != 0
+        errors = [line for line in (tmp_path / "driver.log").read_text().splitlines() if "spotray: error" in line]
+        assert len(errors) == 1 and "training run 'drill' lost its Ray cluster" in errors[0], errors
+        resume_step = re.search(r"run the same command again.* to resume from step (\d+)$", errors[0])
+        assert resume_step and int(resume_step.group(1)) % 20 == 0, errors
     with LocalCluster(tmp_path / "ray-logs-2").start(workers=2) as second:  # a RayJob retry: a new cluster
         summary = finish(start_training(dataset_url, tmp_path, second), tmp_path)
     assert summary["final_step"] == MAX_STEPS
