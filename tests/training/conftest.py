@@ -9,16 +9,19 @@ from training import config
 
 @pytest.fixture(scope="session")
 def ray_cluster(s3_server):
-    """Started after the S3 server, whose credentials every Ray worker inherits."""
+    """Started after the S3 server, whose credentials every Ray worker inherits. Yields the port where Ray's
+    metrics agent serves Prometheus metrics."""
     import os
 
     import ray
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # notice a finished run sooner
+    from training.drills.cluster import free_port
     from training.launch import start_local_ray
 
-    start_local_ray(4, log_to_driver=False)
-    yield
+    metrics_port = free_port()
+    start_local_ray(4, log_to_driver=False, _metrics_export_port=metrics_port)
+    yield metrics_port
     ray.shutdown()
 
 

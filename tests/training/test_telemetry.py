@@ -1,10 +1,16 @@
-"""MFU's peak lookup and the classification of how an attempt ended."""
+"""MFU's peak lookup, how an attempt ended, and the gauges on Ray's Prometheus endpoint."""
 
 from __future__ import annotations
 
+import threading
+import time
+import urllib.request
+
 import torch
 
-from training.telemetry import lost_peer, peak_flops
+from tests.training.conftest import make_config
+from training import launch
+from training.telemetry import GAUGES, lost_peer, peak_flops
 
 
 def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
@@ -17,3 +23,25 @@ def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
 def test_peak_flops_is_configured_or_unknown_on_cpu():
     assert peak_flops(989.0, torch.device("cpu")) == 989e12
     assert peak_flops(None, torch.device("cpu")) is None
+
+
+def scrape_spotray_gauges(port: int) -> set[str]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return set()
+    return {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_spotray_")}
+
+
+def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
+    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "metrics", "train.max_steps=400", "train.log_every=5",
+                      "checkpoint.every_steps=100")
+    run = threading.Thread(target=launch.run, args=(cfg,), daemon=True)
+    run.start()
+    seen: set[str] = set()
+    expected = {f"ray_spotray_{name}" for name in GAUGES} - {"ray_spotray_mfu"}  # no peak FLOP/s for a CPU
+    while run.is_alive() and not expected <= seen:
+        seen |= scrape_spotray_gauges(ray_cluster)
+        time.sleep(0.5)
+    run.join(timeout=300)
+    assert expected <= seen, f"missing: {sorted(expected - seen)}"

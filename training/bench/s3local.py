@@ -11,15 +11,10 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from training.drills.cluster import free_port
 from training.errors import SpotrayError
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -29,7 +24,7 @@ def moto_server() -> Iterator[str]:
         import moto.server  # noqa: F401
     except ImportError as exc:
         raise SpotrayError("the loopback S3 endpoint needs moto: pip install 'spotray[dev]'") from exc
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     old = {k: os.environ.get(k) for k in CREDENTIALS}

@@ -21,7 +21,7 @@ from training.errors import SpotrayError
 _RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -60,7 +60,7 @@ class LocalCluster:
 
     def start(self, workers: int) -> LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
                              "--node-ip-address=127.0.0.1"])
