@@ -22,14 +22,10 @@ import yaml
 from training import config, goodput, ledger
 from training.data.prepare import prepare
 from training.drills.cluster import LocalCluster
-from training.errors import SpotrayError
+from training.errors import TrainingFailed
 from training.loop import run_root
 from training.report import plot_losses
-from training.storage import resolve
-
-
-class TrainingFailed(SpotrayError):
-    exit_code = 1
+from training.storage import Location, resolve
 
 
 def stdlib_corpus(workdir: str) -> str:
@@ -49,7 +45,7 @@ class FaultInjector:
     """Watches the run's progress in storage and interrupts it at the planned steps (notice, then kill)."""
 
     cluster: LocalCluster
-    attempts: object  # the run's attempts Location
+    attempts: Location  # the run's ledger
     plan: list[tuple[str, int]]
     injected: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)

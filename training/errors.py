@@ -24,3 +24,9 @@ class StorageError(SpotrayError):
 
 class CheckpointError(SpotrayError):
     pass
+
+
+class TrainingFailed(SpotrayError):
+    """The run itself failed (a worker error, a lost cluster): exit code 1."""
+
+    exit_code = 1

@@ -94,14 +94,16 @@ class Account:
 
 
 @dataclass(frozen=True)
-class _Attempt:
+class AttemptRecord:
+    """One attempt as its ledger has it; ``steps`` may be left empty, its status then says how far it got."""
+
     info: ledger.AttemptInfo
     status: dict | None
     steps: dict[int, ledger.StepRecord]
 
     @property
     def last_step(self) -> int:
-        return max(self.steps, default=self.info.from_step)
+        return max(self.steps, default=self.status_of("step", None) or self.info.from_step)
 
     @property
     def entered_at(self) -> float:
@@ -117,7 +119,7 @@ class _Attempt:
 
 def account(root: Location) -> Account:
     """The run's time by category and its interruptions, from every attempt's records under ``root``."""
-    attempts = [_Attempt(a, read_status(root, a.attempt_id), ledger.read_steps(root, a.attempt_id))
+    attempts = [AttemptRecord(a, read_status(root, a.attempt_id), ledger.read_steps(root, a.attempt_id))
                 for a in ledger.read_attempts(root)]
     if not attempts:
         return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [])
@@ -137,11 +139,12 @@ def account(root: Location) -> Account:
         seconds["waiting"] += max(0.0, cur.entered_at - prev.last_seen)
     total = max(a.last_seen for a in attempts) - started
     seconds["other"] = max(0.0, total - sum(seconds.values()))
-    events = [_event(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
+    events = [interruption(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
     return Account(seconds, total, events)
 
 
-def _event(prev: _Attempt, cur: _Attempt) -> Event:
+def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
+    """What ended ``prev`` and how ``cur`` recovered from it (``recovery_s`` None until ``cur`` trained a step)."""
     notice, error = prev.status_of("notice", None), prev.status_of("error", None)
     kind = "notice" if notice else "error" if error else "kill"
     interrupted_at = notice["at"] if notice else prev.last_seen

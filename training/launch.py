@@ -17,7 +17,7 @@ from training import goodput, ledger
 from training.checkpoint import checkpoints_root, list_committed
 from training.config import TrainConfig, from_dict
 from training.data.dataset import TokenDataset
-from training.errors import SpotrayError
+from training.errors import TrainingFailed
 from training.loop import WorkerEnv, run_root, train
 from training.progress import ProgressMonitor
 from training.runtime_env import check_working_dir, forwarded_env
@@ -28,9 +28,6 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_NOTICE_S = 120.0  # AWS gives a spot instance two minutes' notice
 
-
-class TrainingFailed(SpotrayError):
-    exit_code = 1
 
 
 def ray_train_fn(config: dict) -> None:

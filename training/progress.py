@@ -88,19 +88,16 @@ class ProgressMonitor:
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
                       cur_status: dict | None) -> None:
+        event = goodput.interruption(goodput.AttemptRecord(prev, prev_status, {}),
+                                     goodput.AttemptRecord(cur, cur_status, {}))
         if self._once(prev.attempt_id, "ended"):
-            last = (prev_status or {}).get("step") or prev.from_step
-            if prev_status and prev_status.get("error"):
-                self._event(f"FAILURE at step {last}: {prev_status['error']}")
-            elif not (prev_status and prev_status.get("notice")):
-                self._event(f"INTERRUPTED at step {last} without notice (node or driver lost): resuming")
-        if cur_status and cur_status.get("first_step_at") and self._once(cur.attempt_id, "resumed"):
-            last = (prev_status or {}).get("step") or prev.from_step
-            notice = (prev_status or {}).get("notice")
-            since = notice["at"] if notice else (prev_status or {}).get("last_seen", prev.started_at)
-            self._event(f"RESUMED from step {cur.from_step} on {cur.world_size} workers, "
-                        f"{cur_status['first_step_at'] - since:.1f}s after the interruption, "
-                        f"{max(0, last - cur.from_step)} steps lost")
+            if event.kind == "error":
+                self._event(f"FAILURE at step {event.step}: {prev_status['error']}")
+            elif event.kind == "kill":
+                self._event(f"INTERRUPTED at step {event.step} without notice (node or driver lost): resuming")
+        if event.recovery_s is not None and self._once(cur.attempt_id, "resumed"):
+            self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
+                        f"{event.recovery_s:.1f}s after the interruption, {event.lost_steps} steps lost")
 
     def _once(self, attempt_id: str, what: str) -> bool:
         key = (attempt_id, what)

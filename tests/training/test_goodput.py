@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 from training import goodput, ledger
+from training.progress import ProgressMonitor
 from training.storage import resolve
 
 
@@ -88,3 +90,22 @@ def test_records_outlive_a_storage_outage_and_the_newest_version_wins(s3_server,
         proxy.restore()
         writer.close(timeout_s=60)
         assert location.read_text() == "new"
+
+
+def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
+    root = resolve(str(tmp_path / "attempts"))
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1110.0, "step": 50,
+                                     "notice": {"step": 50, "at": 1090.0, "committed": True}})
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)  # attempt a belongs to an earlier driver
+    write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "first_step_at": 1140.0, "last_seen": 1200.0,
+                                      "step": 80})
+    write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "first_step_at": 1225.0, "last_seen": 1300.0,
+                                       "step": 100})
+    monitor.poll()
+    monitor.poll()  # nothing is announced twice
+    lines = [line for line in stream.getvalue().splitlines() if "INTERRUPTED" in line or "RESUMED" in line]
+    assert lines == [
+        "spotray: INTERRUPTED at step 80 without notice (node or driver lost): resuming",
+        "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost",
+    ]
