@@ -61,6 +61,12 @@ def _preemption_deadline() -> float | None:
     return info.deadline_ms / 1000 if info.deadline_ms else time.time() + _DEFAULT_NOTICE_S
 
 
+def failure_config(cfg: TrainConfig) -> FailureConfig:
+    """Real failures and preemptions draw on separate budgets (-1 infinite, 0 off, n at least n recoveries)."""
+    return FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
+                         max_preemption_failures=cfg.fault_tolerance.max_preemptions)
+
+
 def preflight(cfg: TrainConfig) -> TokenDataset:
     """Fail fast on the driver (reads only the dataset index) before any worker starts."""
     return TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
@@ -90,8 +96,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
             name=cfg.run.name,
             storage_path=storage.path,
             storage_filesystem=storage.fs,
-            failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
-                                         max_preemption_failures=cfg.fault_tolerance.max_preemptions),
+            failure_config=failure_config(cfg),
             worker_runtime_env=runtime_env,
         ),
     )

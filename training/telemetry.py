@@ -30,6 +30,8 @@ GAUGES = {
     "checkpoint_save_seconds": "end-to-end time of the last checkpoint save",
     "checkpoint_restore_seconds": "time this attempt spent restoring its checkpoint",
     "checkpoint_failed_saves": "failed checkpoint saves in this attempt (storage outages)",
+    "emergency_checkpoint": "last preemption notice: 1 if its emergency checkpoint committed, 0 if there was no "
+                            "time (the restart falls back to the last committed checkpoint) or it failed",
 }
 
 
@@ -138,6 +140,7 @@ class Telemetry:
         if not self.enabled:
             return
         self.clock.update(notice={"step": step, "at": at, "committed": committed})
+        self.gauges.set(emergency_checkpoint=1.0 if committed else 0.0)
         self.clock.flush()
 
     def drain_wait(self, seconds: float) -> None:
