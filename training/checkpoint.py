@@ -364,15 +364,20 @@ class Checkpointer:
             if step is not None and step < newest and step not in committed_steps:
                 self.root.child(name).delete_tree()  # a partial save older than a committed one is garbage
 
+    def committed(self) -> list[CommittedCheckpoint]:
+        """The committed checkpoints, newest first, as rank 0 lists them (a collective)."""
+        return _broadcast(list_committed(self.root) if self.rank == 0 else None, self._group)
+
     def restore_latest(self, state: dict, per_rank_keys: tuple[str, ...] = (),
-                       prefetch: RestorePrefetch | None = None) -> CommittedCheckpoint | None:
+                       prefetch: RestorePrefetch | None = None,
+                       candidates: list[CommittedCheckpoint] | None = None) -> CommittedCheckpoint | None:
         """Load the newest committed checkpoint that reads back intact; returns it, or None for a fresh run.
 
         ``per_rank_keys`` name entries saved separately by each rank (e.g. RNG streams): they are restored only
-        when the world size is unchanged. ``prefetch`` has the newest checkpoint's bytes read already.
+        when the world size is unchanged. ``prefetch`` has the newest checkpoint's bytes read already;
+        ``candidates`` is ``committed()`` when the caller has listed them already.
         """
-        candidates = list_committed(self.root) if self.rank == 0 else None
-        candidates = _broadcast(candidates, self._group)
+        candidates = self.committed() if candidates is None else candidates
         failures = []
         for candidate in candidates:
             to_load = state if candidate.world_size == self.world_size else {
@@ -404,28 +409,25 @@ def _persistent_stager() -> DefaultStager:
 
 
 class RestorePrefetch:
-    """Reads the newest committed checkpoint's files in the background, so that a restarted worker fetches its
+    """Reads a committed checkpoint's files in the background, so that a restarted worker fetches its
     checkpoint while it builds the model instead of after. The restore verifies the bytes as usual."""
 
-    def __init__(self, run_root: Location):
-        self.root = checkpoints_root(run_root)
+    def __init__(self, checkpoint: CommittedCheckpoint):
+        self.checkpoint = checkpoint
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-prefetch")
         self._future = self._pool.submit(self._read)
         self._pool.shutdown(wait=False)
 
-    def _read(self) -> tuple[str, dict[str, bytes]] | None:
-        committed = list_committed(self.root, warn=False)
-        if not committed:
-            return None
-        newest = committed[0]
-        return newest.url, {name: newest.location.child(name).read_bytes() for name in newest.files}
+    def _read(self) -> dict[str, bytes]:
+        return {name: self.checkpoint.location.child(name).read_bytes() for name in self.checkpoint.files}
 
     def files_for(self, location: Location) -> dict[str, bytes]:
+        if location.url != self.checkpoint.url:
+            return {}
         try:
-            result = self._future.result()
+            return self._future.result()
         except Exception:  # noqa: BLE001 - the restore reads the files again and reports what is wrong
             return {}
-        return result[1] if result and result[0] == location.url else {}
 
 
 def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoint]:

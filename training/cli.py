@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--storage", default="local,s3", help="checkpoint bench: comma-separated from local,s3")
+    p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None, help="training steps (throughput) or saves (checkpoint)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")

@@ -151,11 +151,16 @@ class Training:
     step: _StepRunner
 
 
-def build_training(cfg: TrainConfig, env: WorkerEnv) -> Training:
+def build_training(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> Training:
+    """``init_weights=False`` when a checkpoint will overwrite them: random init of a large model is slow."""
     torch.manual_seed(cfg.seed)
     dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
     shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
-    model = GPT(shape)
+    with torch.device("meta"):
+        model = GPT(shape)
+    model.to_empty(device=env.device)
+    if init_weights:
+        model.init_weights()
     if cfg.train.compile:
         for block in model.blocks:
             block.compile()
@@ -174,14 +179,15 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
     entered_at = time.time()
     root = run_root(cfg)
-    prefetch = RestorePrefetch(root)  # the checkpoint downloads while the model is built
-    t = build_training(cfg, env)
-    progress, state = t.progress, t.state
-    options = cfg.storage.options()
     checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size,
                                 cfg.checkpoint.save_failure_budget_s, max_retry_gap=cfg.checkpoint.every_steps)
+    candidates = checkpointer.committed()
+    prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
+    t = build_training(cfg, env, init_weights=not candidates)
+    progress, state = t.progress, t.state
+    options = cfg.storage.options()
     restore_started = time.time()
-    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",), prefetch=prefetch)
+    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",), prefetch=prefetch, candidates=candidates)
     restore_s = time.time() - restore_started
     if restored is None:
         torch.manual_seed(cfg.seed + env.rank)

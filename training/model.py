@@ -99,17 +99,26 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(shape.n_embd)
         self.lm_head = nn.Linear(shape.n_embd, shape.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
-        self.apply(self._init_weights)
+        self.init_weights()
+
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> GPT:
+        super().to_empty(device=device, recurse=recurse)
+        self.lm_head.weight = self.wte.weight  # materialising a meta model unties the shared tensor
+        return self
+
+    def init_weights(self) -> None:
+        """Every parameter from the current RNG state; for a model built on the meta device and
+        materialised with ``to_empty``, which leaves memory uninitialised."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.shape.n_layer))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> logits [B, T, vocab]."""

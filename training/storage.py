@@ -80,8 +80,10 @@ class Location:
         return info.size
 
     def read_bytes(self) -> bytes:
+        # A random-access file reads the whole object in one GET; pyarrow's S3 input stream reads it in small
+        # ranged GETs, which made a 130 MB checkpoint take 50 s instead of 0.3 s from a loopback endpoint.
         with self._guard("read"):
-            with self.fs.open_input_stream(self.path) as f:
+            with self.fs.open_input_file(self.path) as f:
                 return f.read()
 
     def read_text(self) -> str:

@@ -43,8 +43,10 @@ def save_steps(root, steps, keep_last=10, async_save=False):
 
 def restore(root) -> tuple[int | None, float]:
     box = Box(-1.0)
-    restored = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1).restore_latest(
-        {"box": box}, prefetch=RestorePrefetch(root))  # read ahead, verified all the same
+    ckpt = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1)
+    candidates = ckpt.committed()
+    prefetch = RestorePrefetch(candidates[0]) if candidates else None  # read ahead, verified all the same
+    restored = ckpt.restore_latest({"box": box}, prefetch=prefetch, candidates=candidates)
     return (restored.step if restored else None), float(box.tensor[0, 0])
 
 

@@ -44,3 +44,16 @@ def test_presets_have_gpt2_sizes(preset, millions):
     with torch.device("meta"):
         model = GPT(GPTShape.from_config(ModelSection(preset=preset), vocab_size=50257, block_size=1024))
     assert round(model.num_parameters() / 1e6) == pytest.approx(millions, abs=2)
+
+
+def test_a_model_built_on_the_meta_device_is_materialised_tied_and_fully_initialised():
+    with torch.device("meta"):
+        model = GPT(GPTShape.from_config(ModelSection(preset="tiny"), vocab_size=257, block_size=16))
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert model.wte.weight is model.lm_head.weight
+    assert model.ln_f.weight.eq(1).all() and model.ln_f.bias.eq(0).all()
+    assert model.blocks[0].attn.qkv.bias.eq(0).all()
+    assert 0.015 < model.blocks[0].attn.qkv.weight.std().item() < 0.025
+    logits = model(torch.zeros(1, 4, dtype=torch.long))
+    assert torch.isfinite(logits).all()

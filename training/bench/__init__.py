@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import argparse
 
+from training.errors import SpotrayError
+
 
 def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "checkpoint":
         from training.bench.checkpoint import run
 
-        storages = [s.strip() for s in args.storage.split(",") if s.strip()]
-        return run(storages, s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
+        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
     if which == "recovery":
         from training.bench.recovery import run
 
-        return run(preset=args.preset, rounds=args.rounds)
+        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds)
     from training.bench.throughput import run
 
     return run(steps=args.steps or 20, preset=args.preset, workers=args.workers)
+
+
+def _storages(arg: str) -> list[str]:
+    storages = [s.strip() for s in arg.split(",") if s.strip()]
+    unknown = set(storages) - {"local", "s3"}
+    if unknown or not storages:
+        raise SpotrayError(f"--storage: unknown {sorted(unknown)}; use a comma-separated list of local, s3")
+    return storages

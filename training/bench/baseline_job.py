@@ -22,9 +22,11 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from training.config import from_dict
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
+from training.storage import resolve
 
 
 def train_fn(job: dict) -> None:
+    entered_at = time.time()
     cfg = from_dict(job["train"])
     rank = ray.train.get_context().get_world_rank()
     torch.manual_seed(cfg.seed)
@@ -47,7 +49,8 @@ def train_fn(job: dict) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if rank == 0:
-            _record(job["progress"], step=step, attempt_start=(start, time.time()) if step == start + 1 else None)
+            first_step = step == start + 1
+            _record(job["progress"], step=step, attempt_start=(start, entered_at, time.time()) if first_step else None)
         if step % cfg.checkpoint.every_steps == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
@@ -61,8 +64,9 @@ def train_fn(job: dict) -> None:
 
 
 def _record(path: str, step: int | None = None, checkpointed: int | None = None,
-            attempt_start: tuple[int, float] | None = None) -> None:
-    """Rank 0's progress file, read by the benchmark harness: each attempt's (resumed-from step, first step end)."""
+            attempt_start: tuple[int, float, float] | None = None) -> None:
+    """Rank 0's progress file, read by the benchmark harness: each attempt's (resumed-from step, train function
+    entered, first step ended)."""
     file = Path(path)
     current = json.loads(file.read_text()) if file.exists() else {"attempts": []}
     current.update({k: v for k, v in (("step", step), ("checkpointed", checkpointed)) if v is not None})
@@ -75,12 +79,13 @@ def _record(path: str, step: int | None = None, checkpointed: int | None = None,
 
 def main(job: dict) -> None:
     cfg = from_dict(job["train"])
+    storage = resolve(job["storage"], cfg.storage.options())
     ray.init()
     TorchTrainer(
         train_fn, train_loop_config=job,
         scaling_config=ScalingConfig(num_workers=cfg.scaling.num_workers),
         torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=cfg.run.name, storage_path=job["storage"],
+        run_config=RunConfig(name=cfg.run.name, storage_path=storage.path, storage_filesystem=storage.fs,
                              failure_config=FailureConfig(max_failures=cfg.fault_tolerance.max_failures)),
     ).fit()
 

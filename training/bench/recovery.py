@@ -2,21 +2,26 @@
 spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the same kill drill and model.
 
 Each drill: a head plus 2 worker nodes; once a checkpoint exists, a worker node is SIGKILLed; after a pause
-(Ray has noticed and waits for capacity) a replacement node joins; the clock runs until a resumed step ends."""
+(Ray has noticed and waits for capacity) a replacement node starts; the clock runs from its start until a
+resumed step ends. Checkpoints go to each storage asked for: a local dir (shared by the local "nodes", which real
+nodes never are) and S3 (a moto server on loopback), where spot training keeps them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from training import config, goodput, ledger
 from training.bench.common import bench_corpus, machine, new_workdir
+from training.bench.s3local import create_bucket, moto_server
 from training.checkpoint import checkpoints_root, list_committed
 from training.drills.cluster import LocalCluster
 from training.errors import SpotrayError
@@ -26,12 +31,24 @@ CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the repl
 SETTLE_S = 1.0  # after the first checkpoint, so that Ray has registered the baseline's too
 
 
-def _config(data_url: str, workdir: str, name: str, preset: str, every: int) -> config.TrainConfig:
+def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, preset: str,
+            every: int) -> config.TrainConfig:
     return config.load(None, [
-        f"data.path={data_url}", f"checkpoint.path={workdir}/ckpt", f"run.name={name}", f"model.preset={preset}",
+        f"data.path={data_url}", f"checkpoint.path={ckpt_url}", f"run.name={name}", f"model.preset={preset}",
         "train.seq_len=128", "train.global_batch_size=8", f"train.max_steps={3 * every}", "train.log_every=1",
         f"checkpoint.every_steps={every}", "checkpoint.keep_last=2", "scaling.num_workers=2",
+        *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
     ])
+
+
+@dataclass(frozen=True)
+class _Resumed:
+    """The first resumed attempt as a job reports it (UNIX times)."""
+
+    from_step: int
+    entered_at: float  # the train function started on the new worker group
+    first_step_at: float  # its first step ended
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of named parts of the in-worker time
 
 
 def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
@@ -43,20 +60,22 @@ def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
     attempts = run_root(cfg).child("attempts")
 
     def checkpointed() -> bool:
-        return bool(list_committed(checkpoints_root(run_root(cfg))))
+        return bool(list_committed(checkpoints_root(run_root(cfg)), warn=False))
 
-    def resumed() -> tuple[int, float] | None:
+    def resumed() -> _Resumed | None:
         found = ledger.read_attempts(attempts)
         status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
-        first_step_at = (status or {}).get("first_step_at")
-        return (found[-1].from_step, first_step_at) if first_step_at else None
+        if not (status or {}).get("first_step_at"):
+            return None
+        return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
+                        {"startup": status["startup_s"], "restore": status["restore_s"]})
 
     return proc, checkpointed, resumed
 
 
 def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
-    progress = Path(cfg.checkpoint.path) / f"{cfg.run.name}-progress.json"
-    job = {"train": cfg.to_dict(), "storage": str(Path(cfg.checkpoint.path) / "ray"), "progress": str(progress)}
+    progress = log.with_suffix(".progress.json")
+    job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray", "progress": str(progress)}
     proc = subprocess.Popen([sys.executable, "-m", "training.bench.baseline_job", json.dumps(job)],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
@@ -67,9 +86,9 @@ def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
         except (OSError, ValueError):
             return {}
 
-    def resumed() -> tuple[int, float] | None:
+    def resumed() -> _Resumed | None:
         attempts = read().get("attempts", [])
-        return tuple(attempts[-1]) if len(attempts) > 1 else None
+        return _Resumed(*attempts[-1]) if len(attempts) > 1 else None
 
     return proc, lambda: "checkpointed" in read(), resumed
 
@@ -86,8 +105,9 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> tuple[float, int]:
-    """Returns (seconds from the replacement node joining to the end of the first resumed step, resumed step)."""
+def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
+    """Seconds from the replacement node joining to the end of the first resumed step, split into Ray's part
+    (until the train function starts) and the worker's."""
     log = Path(workdir) / f"{cfg.run.name}.log"
     with LocalCluster(Path(workdir) / f"ray-{cfg.run.name}", drain_timeout_s=20).start(workers=2) as cluster:
         proc, checkpointed, resumed = start_job(cfg, cluster, log)
@@ -96,30 +116,53 @@ def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> tuple[float, int
             time.sleep(SETTLE_S)
             cluster.kill(cluster.nodes[-1])
             time.sleep(CAPACITY_GAP_S)
+            back_at = time.time()  # the replacement machine is up and starts Ray
             cluster.add_node()
-            back_at = time.time()
-            from_step, first_step_at = _wait(resumed, proc, "a resumed step", log)
+            resumed_at = _wait(resumed, proc, "a resumed step", log)
             proc.wait(timeout=600)
         finally:
             proc.kill()
     if proc.returncode != 0:
         raise SpotrayError(f"recovery bench: {cfg.run.name} failed; see {log}")
-    return first_step_at - back_at, from_step
+    return {"recovery_s": round(resumed_at.first_step_at - back_at, 2),
+            "ray_s": round(resumed_at.entered_at - back_at, 2),
+            "worker_s": round(resumed_at.first_step_at - resumed_at.entered_at, 2),
+            **{f"{name}_s": round(seconds, 2) for name, seconds in resumed_at.phases.items()},
+            "resumed_from": resumed_at.from_step}
 
 
-def run(preset: str = "small", rounds: int = 2, every: int = 5) -> dict:
+def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
+        every: int = 5) -> dict:
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
+    result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every,
+              "capacity_gap_s": CAPACITY_GAP_S}
+    with contextlib.ExitStack() as stack:
+        for storage in storages:
+            endpoint = None
+            if storage == "s3":  # started before the clusters, so that their nodes inherit its credentials
+                endpoint = s3_endpoint or stack.enter_context(moto_server())
+                ckpt_url = f"{create_bucket(endpoint)}/ckpt"
+            else:
+                ckpt_url = f"{workdir}/ckpt"
+            result[storage] = _compare(data_url, ckpt_url, endpoint, workdir, preset, rounds, every)
+    return result
+
+
+def _compare(data_url: str, ckpt_url: str, endpoint: str | None, workdir: str, preset: str, rounds: int,
+             every: int) -> dict:
     spotray, baseline = [], []
+    tag = "s3" if endpoint else "local"
     for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        baseline.append(_drill(_baseline_job, _config(data_url, workdir, f"baseline-{i}", preset, every), workdir))
-        spotray.append(_drill(_spotray_job, _config(data_url, workdir, f"spotray-{i}", preset, every), workdir))
+        for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
+            cfg = _config(data_url, ckpt_url, endpoint, f"{name}-{tag}-{i}", preset, every)
+            drills.append(_drill(job, cfg, workdir))
     return {
-        "machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every,
-        "capacity_gap_s": CAPACITY_GAP_S,
-        "baseline_recovery_s": [round(s, 2) for s, _ in baseline],
-        "baseline_resumed_from": [step for _, step in baseline],
-        "spotray_recovery_s": [round(s, 2) for s, _ in spotray],
-        "spotray_resumed_from": [step for _, step in spotray],
-        "recovery_ratio": round(min(s for s, _ in spotray) / min(s for s, _ in baseline), 3),
+        "baseline": baseline, "spotray": spotray,
+        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
+        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
     }
+
+
+def _best(drills: list[dict], key: str) -> float:
+    return min(d[key] for d in drills)

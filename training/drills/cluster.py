@@ -104,6 +104,9 @@ class LocalCluster:
 
     def _spawn(self, name: str, args: list[str]) -> Node:
         log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the node
+        # Real nodes have an address each; here every node's agent needs its own port, or a joining node's agent
+        # spends seconds retrying the default one while the node comes up.
+        args = [*args, f"--dashboard-agent-listen-port={free_port()}"]
         proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=self.node_env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         node = Node(name, proc)
