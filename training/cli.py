@@ -47,6 +47,20 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
 
 
+def _cmd_plan(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from infra.config import load_stack_file
+    from infra.plan import PolicyViolations, format_plan, plan
+
+    cfg = load_stack_file(Path(args.project_dir), args.stack)
+    result = plan(cfg)
+    print(json.dumps(result.to_dict(cfg.environment), indent=2) if args.json else format_plan(result, cfg.environment))
+    found = result.violations(cfg.environment)
+    if found:
+        raise PolicyViolations(f"stack {args.stack} breaks {len(found)} polic(ies): {', '.join(found)}")
+
+
 def _cmd_bench(args: argparse.Namespace) -> None:
     from training.bench import run_bench
 
@@ -89,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the summary here")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the demo config")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("plan", help="offline preview: every resource `pulumi up` would create for a stack")
+    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])

@@ -1,0 +1,14 @@
+"""The Pulumi program: read the stack config once, compose the components, export the outputs."""
+
+import pulumi
+
+from infra.config import from_pulumi
+from infra.program import deploy
+from training.errors import SpotrayError
+
+try:
+    config = from_pulumi()
+except SpotrayError as exc:
+    raise pulumi.RunError(str(exc)) from None
+for key, value in deploy(config).items():
+    pulumi.export(key, value)

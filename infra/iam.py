@@ -1,0 +1,40 @@
+"""IAM roles the components share: for an AWS service, and for pods through EKS Pod Identity."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
+
+
+def role(name: str, service: str, managed_policies: list[str], tags: dict[str, str],
+         opts: pulumi.ResourceOptions) -> aws.iam.Role:
+    """A role ``service`` (e.g. ec2.amazonaws.com) assumes, with AWS-managed policies attached by name."""
+    actions = ["sts:AssumeRole", "sts:TagSession"] if service == POD_IDENTITY_PRINCIPAL else ["sts:AssumeRole"]
+    assume = {"Version": "2012-10-17",
+              "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}]}
+    created = aws.iam.Role(name, assume_role_policy=json.dumps(assume), tags=tags, opts=opts)
+    for policy in managed_policies:
+        aws.iam.RolePolicyAttachment(f"{name}-{policy.rsplit('/', 1)[-1]}", role=created.name,
+                                     policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=opts)
+    return created
+
+
+def pod_role(name: str, cluster_name: pulumi.Input[str], namespace: str, service_account: str,
+             policy: pulumi.Input[str] | None, tags: dict[str, str], opts: pulumi.ResourceOptions,
+             managed_policies: list[str] | None = None) -> aws.iam.Role:
+    """A role the pods of one service account assume through EKS Pod Identity, with an inline ``policy``."""
+    created = role(name, POD_IDENTITY_PRINCIPAL, managed_policies or [], tags, opts)
+    if policy is not None:
+        aws.iam.RolePolicy(name, role=created.id, policy=policy, opts=opts)
+    aws.eks.PodIdentityAssociation(name, cluster_name=cluster_name, namespace=namespace,
+                                   service_account=service_account, role_arn=created.arn, tags=tags, opts=opts)
+    return created
+
+
+def policy_document(statements: list[dict]) -> pulumi.Output[str]:
+    """An IAM policy; statements may hold Outputs (ARNs of resources being created)."""
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})

@@ -1,0 +1,54 @@
+"""The whole program for one stack, composed from components: what ``pulumi up`` and ``spotray plan`` run."""
+
+from __future__ import annotations
+
+import os
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config import StackConfig
+from infra.eks import Cluster, ClusterArgs
+from infra.karpenter import Karpenter, KarpenterArgs
+from infra.network import Network, NetworkArgs
+from infra.nodes import CoreNodes, CoreNodesArgs
+from infra.registry import ImageRepository
+from infra.storage import TRAINING_NAMESPACE, BucketArgs, CheckpointBucket
+
+MINIO_ENDPOINT = f"http://minio.{TRAINING_NAMESPACE}.svc.cluster.local:9000"
+
+
+def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
+    """Creates the stack's resources; returns the stack outputs."""
+    if cfg.platform == "existing":
+        return _existing_cluster(cfg)
+    tags = cfg.resource_tags()
+    network = Network("network", NetworkArgs(cfg.network, cfg.cluster_name, tags))
+    cluster = Cluster("cluster", ClusterArgs(cfg.cluster_name, cfg.kubernetes, cfg.region,
+                                             [*network.private_subnet_ids, *network.public_subnet_ids], tags,
+                                             cfg.protect))
+    core = CoreNodes("core", CoreNodesArgs(cluster.name, cfg.core_pool, network.private_subnet_ids, tags))
+    provider = k8s.Provider("eks", kubeconfig=cluster.kubeconfig,
+                            opts=pulumi.ResourceOptions(depends_on=[core.ready]))
+    karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
+                                                     cfg.gpu_pools, tags, provider, depends_on=[core.ready]))
+    registry = ImageRepository("registry", f"{cfg.project}/{cfg.stack}/training", tags, cfg.protect)
+    outputs = {"clusterName": cluster.name, "kubeconfig": cluster.kubeconfig, "ecrUrl": registry.url,
+               "gpuPools": karpenter.node_pools, "interruptionQueue": karpenter.queue_name}
+    if cfg.storage.backend == "s3":
+        bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect))
+        outputs.update(storageEndpoint=f"https://s3.{cfg.region}.amazonaws.com", storageBucket=bucket.bucket_name)
+    else:
+        outputs.update(storageEndpoint=MINIO_ENDPOINT, storageBucket=cfg.bucket)
+    return outputs
+
+
+def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
+    """No AWS at all: a provider for the given cluster, on which the in-cluster layers are deployed."""
+    kubeconfig = cfg.kubeconfig or os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        raise pulumi.RunError("platform existing needs a kubeconfig: `pulumi config set --secret spotray:kubeconfig "
+                              "\"$(cat ~/.kube/config)\"`, or export KUBECONFIG")
+    k8s.Provider("existing", kubeconfig=kubeconfig)
+    endpoint = MINIO_ENDPOINT if cfg.storage.backend == "minio" else "https://s3.amazonaws.com"
+    return {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}

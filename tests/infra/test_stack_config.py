@@ -1,0 +1,125 @@
+import dataclasses
+
+import pytest
+
+from infra.config import from_values, load_stack_file
+from tests.infra.conftest import REPO, STACKS
+from training.errors import ConfigError, SpotrayError
+
+
+def values(**overrides) -> dict:
+    base = {
+        "network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"]},
+        "kubernetes": {"version": "1.33", "publicAccessCidrs": ["203.0.113.0/24"]},
+        "gpuPools": [{"name": "a10g", "families": ["g5"]}],
+    }
+    return {**base, **overrides}
+
+
+def load(stack: str = "dev", **overrides):
+    return from_values("spotray", stack, values(**overrides), "us-west-2")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_file_loads(stack):
+    cfg = load_stack_file(REPO, stack)
+    assert cfg.stack == stack and cfg.project == "spotray"
+
+
+def test_stacks_differ_only_in_values_and_prod_is_protected_with_a_nat_per_zone():
+    dev, prod = (load_stack_file(REPO, s) for s in ("dev", "prod"))
+    assert (dev.protect, dev.network.nat_gateways) == (False, "single")
+    assert (prod.protect, prod.network.nat_gateways) == (True, "perAz")
+
+
+def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
+    net = load().network
+    assert net.private_subnet_cidrs == ("10.20.0.0/19", "10.20.32.0/19")
+    assert net.public_subnet_cidrs == ("10.20.224.0/22", "10.20.228.0/22")
+
+
+@pytest.mark.parametrize(("overrides", "key", "fix"), [
+    ({"network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"],
+                  "privateSubnetCidrs": ["10.20.0.0/19", "10.20.16.0/20"]}},
+     "network.privateSubnetCidrs/publicSubnetCidrs", "own address range"),
+    ({"kubernetes": {"serviceCidr": "10.20.128.0/17", "publicAccessCidrs": ["203.0.113.0/24"]}},
+     "kubernetes.serviceCidr", "own address range"),
+    ({"corePool": {"minSize": 5, "maxSize": 3}}, "corePool", "fix the sizes"),
+    ({"gpuPools": [{"name": "x", "families": ["m7i"]}]}, "gpuPools[0].families", "use some of"),
+    ({"gpuPools": [{"name": "x", "families": []}]}, "gpuPools[0].families", "list GPU families"),
+    ({"gpuPools": [{"name": "x"}]}, "gpuPools[0].families", "a spot pool needs instance types"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"]}, {"name": "a", "families": ["g6"]}]}, "gpuPools",
+     "its own name"),
+    ({"corePool": {"instanceTypes": ["p5.48xlarge"]}}, "corePool.instanceTypes", "GPUs come from gpuPools"),
+    ({"network": {"availabilityZones": ["us-west-2a"]}}, "network.availabilityZones", "at least 2 zones"),
+    ({"network": {"availabilityZones": ["us-east-1a", "us-east-1b"]}}, "network.availabilityZones",
+     "zones of us-west-2"),
+    ({"kubernetes": {"publicAccessCidrs": ["0.0.0.0/0"]}}, "kubernetes.publicAccessCidrs", "VPN"),
+    ({"kubernetes": {"version": "1.21", "publicAccessCidrs": ["203.0.113.0/24"]}}, "kubernetes.version", "newer"),
+    ({"storage": {"backend": "gcs"}}, "storage.backend", "minio or s3"),
+    ({"nodeGroups": {}}, "nodeGroups", "use only"),
+    ({"network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"], "nat": 1}},
+     "network", "use only"),
+])
+def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
+    with pytest.raises(ConfigError) as err:
+        load(**overrides)
+    assert err.value.field == f"spotray:{key}"
+    assert fix in str(err.value)
+
+
+def test_prod_without_deletion_protection_is_refused():
+    with pytest.raises(ConfigError, match="protect.*set spotray:protect: true"):
+        load("prod", protect=False)
+    assert load("prod", protect=True).protect
+
+
+def test_an_existing_cluster_takes_no_aws_settings_and_needs_a_bucket_for_s3():
+    cfg = from_values("spotray", "existing", {"platform": "existing", "environment": "dev"}, None)
+    assert cfg.network is None and cfg.gpu_pools == ()
+    existing = {"platform": "existing", "environment": "dev"}
+    with pytest.raises(ConfigError, match="spotray:network.*not used on platform existing"):
+        from_values("spotray", "existing", {**existing, "network": {"vpcCidr": "10.0.0.0/16"}}, None)
+    with pytest.raises(ConfigError, match="spotray:storage.bucket.*required"):
+        from_values("spotray", "existing", {**existing, "storage": {"backend": "s3"}}, None)
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load().protect = True
+
+
+def test_a_missing_stack_file_lists_the_stacks(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: spotray\n")
+    (tmp_path / "Pulumi.dev.yaml").write_text("config: {}\n")
+    with pytest.raises(SpotrayError, match="no stack file .*Pulumi.qa.yaml: use one of dev"):
+        load_stack_file(tmp_path, "qa")
+
+
+def test_encrypted_values_in_a_stack_file_stay_secret(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: spotray\n")
+    (tmp_path / "Pulumi.x.yaml").write_text(
+        "config:\n  spotray:environment: dev\n  spotray:platform: existing\n"
+        "  spotray:kubeconfig:\n    secure: AAABAC==\n")
+    assert load_stack_file(tmp_path, "x").kubeconfig == "[secret]"
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_pulumi_program_reads_the_same_config_as_the_stack_file(stack, monkeypatch):
+    import json
+
+    import pulumi
+    import yaml
+
+    from infra.config import from_pulumi
+
+    raw = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
+    monkeypatch.setattr(pulumi, "get_project", lambda: "spotray")
+    monkeypatch.setattr(pulumi, "get_stack", lambda: stack)
+    saved = dict(pulumi.runtime.config.CONFIG.get())
+    for key, value in raw.items():  # the engine hands structured values to the program as JSON
+        pulumi.runtime.set_config(key, value if isinstance(value, str) else json.dumps(value))
+    try:
+        assert from_pulumi() == load_stack_file(REPO, stack)
+    finally:
+        pulumi.runtime.config.CONFIG.set(saved)
