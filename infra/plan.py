@@ -139,6 +139,7 @@ def run_mocked(build: Callable[[], dict], project: str, stack: str, region: str 
         return pulumi.Output.from_input(_collect(outputs, result))
 
     run()
+    result.resources.sort(key=lambda r: (r.parent or "", r.type, r.name))  # registration order is racy
     return result
 
 

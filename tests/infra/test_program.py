@@ -25,7 +25,7 @@ def test_aws_stacks_have_the_core_node_group_the_interruption_queue_and_a_spot_p
     assert len(plan.of_type("aws:eks/nodeGroup:NodeGroup")) == 1
     assert len(plan.of_type("aws:sqs/queue:Queue")) == 1
     pools = plan.of_type("kubernetes:karpenter.sh/v1:NodePool")
-    assert [p.inputs["metadata"]["name"] for p in pools] == [p.name for p in cfg.gpu_pools]
+    assert sorted(p.inputs["metadata"]["name"] for p in pools) == sorted(p.name for p in cfg.gpu_pools)
     assert set(plan.outputs) >= {"clusterName", "kubeconfig", "ecrUrl", "storageEndpoint", "storageBucket",
                                  "gpuPools"}
     assert plan.outputs["gpuPools"] == [p.name for p in cfg.gpu_pools]
@@ -75,6 +75,15 @@ def test_plan_json_lists_the_spot_pools_the_queue_and_the_core_group_with_secret
     assert provider["inputs"]["kubeconfig"] == "[secret]"
     assert result["policyViolations"] == {}
     assert all(r["parent"] for r in result["resources"] if r["type"].startswith("aws:"))
+
+
+def test_plan_output_is_stable_for_reviewable_diffs(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    runs = []
+    for _ in range(3):
+        assert main(["plan", "--stack", "prod", "--json"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] == runs[2]
 
 
 def test_plan_text_shows_the_tree_and_a_bad_stack_is_one_error_line(capsys, monkeypatch):
