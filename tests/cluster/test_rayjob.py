@@ -1,0 +1,120 @@
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, rayjob
+from tests.schemas import validate_custom_resource
+from training.config import load
+from training.errors import ConfigError
+
+RAYJOB_CRD = "kuberay-v1.7.0_ray.io_rayjobs.yaml"
+SETTINGS = JobSettings(image="123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:abc123",
+                       gpu_pool="a10g-spot", storage_endpoint="http://minio.spotray.svc.cluster.local:9000",
+                       storage_secret="spotray-storage", env_secrets={"WANDB_API_KEY": "wandb"})
+
+
+def train_config(*overrides):
+    return load(None, ["data.path=s3://b/data", "checkpoint.path=s3://b/ckpt", "run.name=gpt-a10g",
+                       "scaling.num_workers=4", "scaling.use_gpu=true", "env.forward=[WANDB_API_KEY]", *overrides])
+
+
+@pytest.fixture(scope="module")
+def job():
+    return rayjob(train_config(), SETTINGS)
+
+
+def workers(job):
+    return job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+
+
+def head(job):
+    return job["spec"]["rayClusterSpec"]["headGroupSpec"]
+
+
+def test_the_rayjob_validates_against_the_kuberay_crd(job):
+    validate_custom_resource(job, RAYJOB_CRD)
+
+
+def test_the_crd_check_catches_a_misspelt_field(job):
+    broken = json.loads(json.dumps(job))
+    broken["spec"]["backofLimit"] = 3
+    with pytest.raises(jsonschema.ValidationError, match="backofLimit"):
+        validate_custom_resource(broken, RAYJOB_CRD)
+
+
+@pytest.mark.parametrize(("gpus", "cpus", "memory"), [(1, 8, 32), (4, 48, 192)])
+def test_each_workers_ray_resources_equal_its_containers(gpus, cpus, memory):
+    settings = JobSettings(image="i", gpu_pool="p", gpus_per_worker=gpus, cpus_per_worker=cpus,
+                           memory_gib_per_worker=memory)
+    group = workers(rayjob(train_config("env.forward=[]"), settings))
+    container = group["template"]["spec"]["containers"][0]["resources"]
+    assert container["requests"] == container["limits"]
+    assert group["rayStartParams"]["num-gpus"] == container["limits"]["nvidia.com/gpu"] == str(gpus)
+    assert group["rayStartParams"]["num-cpus"] == container["limits"]["cpu"] == str(cpus)
+    assert int(group["rayStartParams"]["memory"]) == memory << 30 and container["limits"]["memory"] == f"{memory}Gi"
+
+
+def test_workers_are_a_fixed_size_group_on_the_gpu_spot_pool_and_tolerate_its_taint(job):
+    group = workers(job)
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+    spec = group["template"]["spec"]
+    assert spec["nodeSelector"] == {"spotray.dev/pool": "a10g-spot"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert group["template"]["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert job["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is False
+
+
+def test_the_head_runs_on_the_core_pool_trains_nothing_and_is_not_exposed(job):
+    group = head(job)
+    assert group["rayStartParams"]["num-cpus"] == "0"
+    assert group["template"]["spec"]["nodeSelector"] == {"spotray.dev/pool": "core"}
+    assert "tolerations" not in group["template"]["spec"]
+    assert group["serviceType"] == "ClusterIP"
+    assert "LoadBalancer" not in json.dumps(job) and "NodePort" not in json.dumps(job)
+    assert job["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+
+
+def test_the_spot_notice_covers_the_drain_and_the_pod_exit(job):
+    spec = workers(job)["template"]["spec"]
+    drain = next(e for e in spec["containers"][0]["env"] if e["name"] == "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S")
+    assert int(drain["value"]) + DRAIN_MARGIN_S == spec["terminationGracePeriodSeconds"] == 120
+
+
+def test_retries_build_a_new_cluster_and_a_job_starved_of_capacity_gives_up(job):
+    spec = job["spec"]
+    assert spec["backoffLimit"] >= 2 and spec["preRunningDeadlineSeconds"] == 1800
+    rules = spec["deletionStrategy"]["deletionRules"]
+    assert {"policy": "DeleteWorkers", "condition": {"jobStatus": "FAILED", "ttlSeconds": 0}} in rules
+    with pytest.raises(ConfigError, match="training.backoffLimit.*at least 2"):
+        JobSettings(image="i", gpu_pool="p", backoff_limit=1)
+
+
+def test_secrets_come_from_secret_refs_never_as_values(job):
+    env = head(job)["template"]["spec"]["containers"][0]["env"]
+    by_name = {e["name"]: e for e in env}
+    assert by_name["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "spotray-storage",
+                                                                         "key": "AWS_SECRET_ACCESS_KEY"}}}
+    assert by_name["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "WANDB_API_KEY"}
+    assert all("value" not in e for e in env if e["name"] != "AWS_ENDPOINT_URL_S3")
+
+
+def test_a_forwarded_variable_without_a_secret_is_refused():
+    with pytest.raises(ConfigError, match="env.forward.*HF_TOKEN.*training.envSecrets"):
+        rayjob(train_config("env.forward=[WANDB_API_KEY,HF_TOKEN]"), SETTINGS)
+
+
+def test_the_entrypoint_reads_the_config_map_mounted_on_the_head(job):
+    cm = config_map(train_config(), SETTINGS)
+    assert job["spec"]["entrypoint"] == "spotray train --config /etc/spotray/train.yaml"
+    volume = head(job)["template"]["spec"]["volumes"][0]
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    assert yaml.safe_load(cm["data"]["train.yaml"])["scaling"]["num_workers"] == 4
+
+
+def test_names_longer_than_kuberay_allows_are_refused():
+    assert job_name(train_config("run.name=My_Run.v2")) == "my-run-v2"
+    with pytest.raises(ConfigError, match=f"run.name.*at most {MAX_NAME}"):
+        job_name(train_config(f"run.name={'x' * (MAX_NAME + 1)}"))
