@@ -21,3 +21,26 @@ NODE_AMI_ALIAS = "al2023@v20251110"
 RAY_VERSION = "2.60.0"
 # The training image's base; the image a stack runs is its own build (training/Dockerfile) pushed to its ECR.
 RAY_GPU_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"
+
+KUBERAY_OPERATOR = Chart("kuberay-operator", "https://ray-project.github.io/kuberay-helm/", "1.7.0")
+KUBERAY_CRDS = tuple(  # applied server-side before the chart: the rayjobs CRD is too large for client-side apply
+    f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_OPERATOR.version}/ray-operator/config/crd/"
+    f"bases/ray.io_{kind}.yaml" for kind in ("rayclusters", "rayjobs", "rayservices"))
+NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.20.0")
+MINIO = Chart("minio", "oci://registry-1.docker.io/bitnamicharts", "17.0.23")
+
+
+@dataclass(frozen=True)
+class Image:
+    registry: str
+    repository: str
+    tag: str
+
+
+# Bitnami's free images moved to the frozen bitnamilegacy repository in 2025: the chart's defaults no longer
+# pull. These are the legacy tags of the chart's own defaults; a stack may point them at its ECR mirror.
+MINIO_IMAGES = {
+    "server": Image("docker.io", "bitnamilegacy/minio", "2025.7.23-debian-12-r3"),
+    "client": Image("docker.io", "bitnamilegacy/minio-client", "2025.7.21-debian-12-r2"),
+    "os-shell": Image("docker.io", "bitnamilegacy/os-shell", "12-debian-12-r50"),
+}

@@ -1,0 +1,56 @@
+import pytest
+
+from cluster.charts import (
+    device_plugin_values,
+    kuberay_operator_values,
+    minio_user_entry,
+    minio_values,
+)
+from infra.versions import Image
+from tests.schemas import chart_defaults, unknown_values_keys
+
+LEGACY = minio_values("spotray-dev", "spotray", 100, service_monitor=True)
+
+
+@pytest.mark.parametrize(("values", "chart"), [
+    (kuberay_operator_values(True), "kuberay-operator-1.7.0.values.yaml"),
+    (device_plugin_values(), "nvidia-device-plugin-0.20.0.values.yaml"),
+    (LEGACY, "bitnami-minio-17.0.23.values.yaml"),
+])
+def test_every_value_set_exists_in_the_pinned_chart(values, chart):
+    assert unknown_values_keys(values, chart_defaults(chart)) == []
+
+
+def test_the_device_plugin_runs_only_on_gpu_nodes_and_tolerates_their_taint():
+    values = device_plugin_values()
+    assert values["nodeSelector"] == {"spotray.dev/gpu": "true"}
+    assert values["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_minio_is_distributed_persistent_disruption_bounded_and_on_the_core_pool():
+    assert LEGACY["mode"] == "distributed" and LEGACY["statefulset"]["replicaCount"] >= 4
+    assert LEGACY["persistence"] == {"enabled": True, "size": "100Gi"}
+    assert LEGACY["pdb"]["create"] is True and LEGACY["nodeSelector"] == {"spotray.dev/pool": "core"}
+    with pytest.raises(ValueError, match="even number of pods >= 4"):
+        minio_values("b", "p", 10, False, replicas=3)
+
+
+def test_minio_credentials_never_appear_in_values():
+    assert LEGACY["auth"] == {"existingSecret": "minio-root"}
+    assert "users" not in LEGACY["provisioning"]
+    assert LEGACY["provisioning"]["usersExistingSecrets"] == ["minio-users"]
+    assert "password" not in str(LEGACY).lower()
+
+
+def test_legacy_images_need_and_get_the_insecure_images_switch_and_bitnami_ones_do_not():
+    assert LEGACY["image"]["repository"] == "bitnamilegacy/minio"
+    assert LEGACY["global"]["security"]["allowInsecureImages"] is True
+    bitnami = {k: Image("docker.io", f"bitnami/{k}", "t") for k in ("server", "client", "os-shell")}
+    assert "global" not in minio_values("b", "p", 10, False, images=bitnami)
+
+
+def test_the_training_user_may_use_only_its_prefix():
+    statements = LEGACY["provisioning"]["policies"][0]["statements"]
+    assert statements[1]["resources"] == ["arn:aws:s3:::spotray-dev/spotray/*"]
+    assert statements[0]["condition"] == {"StringLike": {"s3:prefix": ["spotray/*"]}}
+    assert "policies=spotray-training" in minio_user_entry("ak", "sk")
