@@ -23,6 +23,12 @@ def device_plugin_values() -> dict:
     return {"nodeSelector": {GPU_LABEL: "true"}, "tolerations": [GPU_TOLERATION]}
 
 
+def dcgm_exporter_values(service_monitor: bool) -> dict:
+    """Per-GPU metrics (utilisation, memory, temperature, XID errors) from every GPU node."""
+    return {"nodeSelector": {GPU_LABEL: "true"}, "tolerations": [GPU_TOLERATION],
+            "serviceMonitor": {"enabled": service_monitor}}
+
+
 def _image(image: Image) -> dict:
     return {"registry": image.registry, "repository": image.repository, "tag": image.tag}
 

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra import iam
+from infra import helm, iam
 from infra.config import GpuPoolConfig
 from infra.karpenter_manifests import ec2_node_class, gpu_node_pool
 from infra.nodes import NODE_POLICIES
@@ -50,10 +50,9 @@ class Karpenter(pulumi.ComponentResource):
         iam.pod_role(f"{name}-controller", args.cluster_name, NAMESPACE, SERVICE_ACCOUNT,
                      controller_policy(args.region, args.cluster_name, node_role.arn, queue.arn), tags, child)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        release = k8s.helm.v3.Release(
-            f"{name}-chart", chart=f"{KARPENTER.repo}/{KARPENTER.name}", version=KARPENTER.version,
-            namespace=NAMESPACE, values=chart_values(args.cluster_name, args.cluster_endpoint, queue.name),
-            opts=pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=args.depends_on)))
+        values = chart_values(args.cluster_name, args.cluster_endpoint, queue.name)
+        after_cluster = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=args.depends_on))
+        release = helm.release(f"{name}-chart", KARPENTER, NAMESPACE, values, after_cluster)
         after_chart = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[release]))
         node_class = pulumi.Output.all(args.cluster_name, node_role.name).apply(
             lambda v: ec2_node_class(GPU_NODE_CLASS, v[0], v[1], tags))

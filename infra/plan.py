@@ -20,7 +20,7 @@ from training.errors import SpotrayError
 
 SECRET = "[secret]"
 # Inputs and outputs shown as [secret] by name, besides any value Pulumi itself marks secret.
-_SECRET_KEYS = re.compile(r"^(kubeconfig|token|.*password|.*secret|.*secretkey|.*privatekey)$", re.IGNORECASE)
+_SECRET_KEYS = re.compile(r"^(kubeconfig|token|secret|.*password|.*secretkey|.*privatekey)$", re.IGNORECASE)
 _SIG_KEY, _SECRET_SIG = rpc._special_sig_key, rpc._special_secret_sig
 
 
@@ -33,6 +33,7 @@ class PlannedResource:
     inputs: dict
     protect: bool
     retain_on_delete: bool
+    depends_on: list[str] = field(default_factory=list)  # names of the resources it waits for
 
     def as_policy_resource(self) -> Resource:
         return Resource(self.type, self.name, self.inputs, self.protect, self.retain_on_delete)
@@ -84,6 +85,8 @@ class _Mocks(pulumi.runtime.Mocks):
             state["url"] = f"https://sqs.{self.region}.amazonaws.com/123456789012/{args.name}"
         elif args.typ == "aws:s3/bucket:Bucket":
             state["bucket"] = args.inputs.get("bucket", args.name)
+        elif args.typ == "random:index/randomPassword:RandomPassword":
+            state["result"] = f"generated-{args.name}"
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -103,7 +106,8 @@ class _RecordingMonitor(mocks.MockMonitor):
             self.plan.resources.append(PlannedResource(
                 type=request.type, name=request.name, parent=self.names.get(request.parent),
                 custom=bool(request.custom), inputs=_normalized(rpc.deserialize_properties(request.object)),
-                protect=bool(request.protect), retain_on_delete=bool(request.retainOnDelete)))
+                protect=bool(request.protect), retain_on_delete=bool(request.retainOnDelete),
+                depends_on=sorted(self.names.get(urn, urn) for urn in request.dependencies)))
         return response
 
 

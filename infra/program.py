@@ -7,6 +7,9 @@ import os
 import pulumi
 import pulumi_kubernetes as k8s
 
+from cluster import object_store
+from cluster.addons import GpuPlumbing, KubeRayOperator
+from cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from infra.config import StackConfig
 from infra.eks import Cluster, ClusterArgs
 from infra.karpenter import Karpenter, KarpenterArgs
@@ -15,7 +18,7 @@ from infra.nodes import CoreNodes, CoreNodesArgs
 from infra.registry import ImageRepository
 from infra.storage import TRAINING_NAMESPACE, BucketArgs, CheckpointBucket
 
-MINIO_ENDPOINT = f"http://minio.{TRAINING_NAMESPACE}.svc.cluster.local:9000"
+MINIO_SIZE_GIB = 100
 
 
 def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -32,6 +35,7 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
                             opts=pulumi.ResourceOptions(depends_on=[core.ready]))
     karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
                                                      cfg.gpu_pools, tags, provider, depends_on=[core.ready]))
+    _in_cluster(cfg, provider, depends_on=[core.ready])
     registry = ImageRepository("registry", f"{cfg.project}/{cfg.stack}/training", tags, cfg.protect)
     outputs = {"clusterName": cluster.name, "kubeconfig": cluster.kubeconfig, "ecrUrl": registry.url,
                "gpuPools": karpenter.node_pools, "interruptionQueue": karpenter.queue_name}
@@ -39,8 +43,19 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
         bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect))
         outputs.update(storageEndpoint=f"https://s3.{cfg.region}.amazonaws.com", storageBucket=bucket.bucket_name)
     else:
-        outputs.update(storageEndpoint=MINIO_ENDPOINT, storageBucket=cfg.bucket)
+        outputs.update(storageEndpoint=object_store.endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket)
     return outputs
+
+
+def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> None:
+    """The layers every stack installs into Kubernetes: KubeRay, GPU plumbing, and MinIO when it is the store."""
+    opts = pulumi.ResourceOptions(providers=[provider], depends_on=depends_on)
+    # ServiceMonitors need the Prometheus operator's CRDs, which the monitoring layer does not install yet.
+    KubeRayOperator("kuberay", service_monitor=False, opts=opts)
+    GpuPlumbing("gpu", service_monitor=False, opts=opts)
+    if cfg.storage.backend == "minio":
+        MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage.prefix,
+                                                  MINIO_SIZE_GIB, service_monitor=False), opts=opts)
 
 
 def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -49,6 +64,7 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
     if not kubeconfig:
         raise pulumi.RunError("platform existing needs a kubeconfig: `pulumi config set --secret spotray:kubeconfig "
                               "\"$(cat ~/.kube/config)\"`, or export KUBECONFIG")
-    k8s.Provider("existing", kubeconfig=kubeconfig)
-    endpoint = MINIO_ENDPOINT if cfg.storage.backend == "minio" else "https://s3.amazonaws.com"
+    _in_cluster(cfg, k8s.Provider("existing", kubeconfig=kubeconfig), depends_on=[])
+    minio = cfg.storage.backend == "minio"
+    endpoint = object_store.endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
     return {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,25 @@ def dataset_url(tmp_path_factory) -> str:
     url = str(root / "tokens")
     prepare(corpus, url, shard_tokens=16_384)
     return url
+
+
+REPO = Path(__file__).resolve().parents[1]
+STACKS = ("dev", "staging", "prod", "existing")
+
+
+@pytest.fixture(scope="session")
+def stack_plans() -> dict:
+    """Every stack file of the repository planned once under Pulumi mocks: stack -> (StackConfig, Plan)."""
+    from infra.config import load_stack_file
+    from infra.plan import plan
+
+    plans = {}
+    for stack in STACKS:
+        cfg = load_stack_file(REPO, stack)
+        plans[stack] = (cfg, plan(cfg))
+    return plans
+
+
+@pytest.fixture(scope="session")
+def dev(stack_plans):
+    return stack_plans["dev"][0]

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from infra.config import from_values, load_stack_file
-from tests.infra.conftest import REPO, STACKS
+from tests.conftest import REPO, STACKS
 from training.errors import ConfigError, SpotrayError
 
 

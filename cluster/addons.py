@@ -1,0 +1,36 @@
+"""The KubeRay operator (CRDs applied server-side first) and the GPU plumbing (NVIDIA device plugin, DCGM
+exporter), as components over the values builders in ``cluster/charts.py``."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from cluster.charts import GPU_TOLERATION, dcgm_exporter_values, device_plugin_values, kuberay_operator_values
+from infra import helm
+from infra.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
+
+KUBERAY_NAMESPACE = "kuberay-system"
+GPU_NAMESPACE = "kube-system"
+
+
+class KubeRayOperator(pulumi.ComponentResource):
+    def __init__(self, name: str, service_monitor: bool, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:KubeRayOperator", name, None, opts)
+        # The provider applies server-side (its default), which CRDs of this size need.
+        crds = [k8s.yaml.v2.ConfigFile(f"{name}-crd-{url.rsplit('_', 1)[1].removesuffix('.yaml')}", file=url,
+                                       opts=pulumi.ResourceOptions(parent=self)) for url in KUBERAY_CRDS]
+        self.release = helm.release(f"{name}-chart", KUBERAY_OPERATOR, KUBERAY_NAMESPACE,
+                                    kuberay_operator_values(service_monitor),
+                                    pulumi.ResourceOptions(parent=self, depends_on=crds), skip_crds=True)
+        self.register_outputs({"release": self.release.name})
+
+
+class GpuPlumbing(pulumi.ComponentResource):
+    def __init__(self, name: str, service_monitor: bool, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:GpuPlumbing", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        helm.release(f"{name}-device-plugin", NVIDIA_DEVICE_PLUGIN, GPU_NAMESPACE, device_plugin_values(), child)
+        helm.release(f"{name}-dcgm-exporter", DCGM_EXPORTER, GPU_NAMESPACE, dcgm_exporter_values(service_monitor),
+                     child)
+        self.register_outputs({"toleration": GPU_TOLERATION})

@@ -1,0 +1,62 @@
+"""In-cluster MinIO (``storage.backend: minio``): generated root and training credentials kept in Kubernetes
+Secrets (never in config, values or outputs), and the pinned Bitnami chart in distributed mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+
+from cluster.charts import MINIO_ROOT_SECRET, MINIO_USERS_SECRET, minio_user_entry, minio_values
+from infra import helm
+from infra.versions import MINIO
+
+STORAGE_SECRET = "spotray-storage"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for training pods
+ENDPOINT_PORT = 9000
+RELEASE = "minio"  # the chart names its Service after the release
+
+
+def endpoint(namespace: str) -> str:
+    return f"http://{RELEASE}.{namespace}.svc.cluster.local:{ENDPOINT_PORT}"
+
+
+@dataclass(frozen=True)
+class ObjectStoreArgs:
+    namespace: str
+    bucket: str
+    prefix: str
+    size_gib: int
+    service_monitor: bool
+
+
+class MinioObjectStore(pulumi.ComponentResource):
+    def __init__(self, name: str, args: ObjectStoreArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:MinioObjectStore", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": args.namespace}, opts=child)
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        root_password = random.RandomPassword(f"{name}-root-password", length=32, special=False, opts=child)
+        access_key = random.RandomPassword(f"{name}-training-access-key", length=20, special=False, opts=child)
+        secret_key = random.RandomPassword(f"{name}-training-secret-key", length=40, special=False, opts=child)
+        secrets = [
+            _secret(f"{name}-root", MINIO_ROOT_SECRET, args.namespace,
+                    {"root-user": "admin", "root-password": root_password.result}, in_namespace),
+            _secret(f"{name}-users", MINIO_USERS_SECRET, args.namespace,
+                    {"training": pulumi.Output.all(access_key.result, secret_key.result).apply(
+                        lambda keys: minio_user_entry(*keys))}, in_namespace),
+            _secret(f"{name}-training", STORAGE_SECRET, args.namespace,
+                    {"AWS_ACCESS_KEY_ID": access_key.result, "AWS_SECRET_ACCESS_KEY": secret_key.result},
+                    in_namespace),
+        ]
+        values = minio_values(args.bucket, args.prefix, args.size_gib, args.service_monitor)
+        release = helm.release(f"{name}-chart", MINIO, args.namespace, values,
+                               pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=RELEASE)
+        self.endpoint = endpoint(args.namespace)
+        self.register_outputs({"release": release.name})
+
+
+def _secret(name: str, secret_name: str, namespace: str, data: dict, opts: pulumi.ResourceOptions):
+    return k8s.core.v1.Secret(name, metadata={"name": secret_name, "namespace": namespace}, type="Opaque",
+                              string_data={k: pulumi.Output.secret(v) for k, v in data.items()}, opts=opts)

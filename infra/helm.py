@@ -1,0 +1,17 @@
+"""A pinned Helm chart as a Pulumi ``helm.v3.Release``, from an https repository or an OCI registry."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.versions import Chart
+
+
+def release(name: str, chart: Chart, namespace: str, values: dict, opts: pulumi.ResourceOptions,
+            skip_crds: bool = False, release_name: str | None = None) -> k8s.helm.v3.Release:
+    """``release_name`` fixes the Helm release's name where other objects refer to what it creates."""
+    source = ({"chart": f"{chart.repo}/{chart.name}"} if chart.repo.startswith("oci://")
+              else {"chart": chart.name, "repository_opts": {"repo": chart.repo}})
+    return k8s.helm.v3.Release(name, **source, name=release_name, version=chart.version, namespace=namespace,
+                               create_namespace=True, skip_crds=skip_crds, values=values, opts=opts)
