@@ -35,8 +35,7 @@ class MinioObjectStore(pulumi.ComponentResource):
     def __init__(self, name: str, args: ObjectStoreArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:MinioObjectStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": args.namespace}, opts=child)
-        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
+        in_namespace = child  # the namespace is the training namespace, created before this component
         root_password = random.RandomPassword(f"{name}-root-password", length=32, special=False, opts=child)
         access_key = random.RandomPassword(f"{name}-training-access-key", length=20, special=False, opts=child)
         secret_key = random.RandomPassword(f"{name}-training-secret-key", length=40, special=False, opts=child)

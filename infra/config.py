@@ -20,7 +20,7 @@ from training.errors import ConfigError, SpotrayError
 
 NAMESPACE = "spotray"
 KEYS = ("environment", "platform", "network", "kubernetes", "corePool", "gpuPools", "storage", "tags", "protect",
-        "kubeconfig")
+        "kubeconfig", "training")
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
 # NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
@@ -227,6 +227,53 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class TrainingConfig:
+    """The training RayJob ``pulumi up`` deploys when ``enabled``: its run config (a file of the project) and the
+    cluster resources of each worker."""
+
+    enabled: bool = False
+    config: Any = None  # the loaded training.config.TrainConfig
+    image: str = ""
+    gpu_pool: str = ""
+    gpus_per_worker: int = 1
+    cpus_per_worker: int = 8
+    memory_gib_per_worker: int = 32
+    env_secrets: dict[str, str] = field(default_factory=dict)
+    backoff_limit: int = 3
+
+
+def _training(raw: dict, project_dir: Path | None, pools: tuple[GpuPoolConfig, ...]) -> TrainingConfig:
+    _no_unknown(raw, {"enabled", "config", "image", "gpuPool", "gpusPerWorker", "cpusPerWorker",
+                      "memoryGiBPerWorker", "envSecrets", "backoffLimit"}, "training")
+    enabled = _bool(raw.get("enabled", False), "training.enabled")
+    if not enabled:
+        return TrainingConfig()
+    from training.config import load
+
+    path = raw.get("config")
+    _require(isinstance(path, str) and bool(path), "training.config", "is required when training is enabled",
+             "name the training YAML, relative to the project directory")
+    image = raw.get("image")
+    _require(isinstance(image, str) and ":" in image.rsplit("/", 1)[-1], "training.image", f"is {image!r}",
+             "use the image built from training/Dockerfile with an explicit tag, e.g. <ecrUrl>:<git sha>")
+    pool = raw.get("gpuPool", pools[0].name if pools else "")
+    _require(not pools or pool in {p.name for p in pools}, "training.gpuPool", f"{pool!r} is not a GPU pool",
+             f"use one of {[p.name for p in pools]}")
+    _require(bool(pool), "training.gpuPool", "is required on an existing cluster",
+             "give the value of the spotray.dev/pool label of its GPU nodes")
+    train = load(str((project_dir or Path.cwd()) / path))
+    env_secrets = _section(raw.get("envSecrets"), "training.envSecrets")
+    return TrainingConfig(
+        enabled=True, config=train, image=image, gpu_pool=pool,
+        gpus_per_worker=_int(raw.get("gpusPerWorker", 1), "training.gpusPerWorker", minimum=1),
+        cpus_per_worker=_int(raw.get("cpusPerWorker", 8), "training.cpusPerWorker", minimum=1),
+        memory_gib_per_worker=_int(raw.get("memoryGiBPerWorker", 32), "training.memoryGiBPerWorker", minimum=1),
+        env_secrets={str(k): str(v) for k, v in env_secrets.items()},
+        backoff_limit=_int(raw.get("backoffLimit", 3), "training.backoffLimit", minimum=2),
+    )
+
+
+@dataclass(frozen=True)
 class StackConfig:
     project: str
     stack: str
@@ -241,6 +288,7 @@ class StackConfig:
     tags: dict[str, str] = field(default_factory=dict)
     protect: bool = False  # deletion protection and retain-on-delete for stateful resources
     kubeconfig: Any = None  # existing platform: a kubeconfig (a secret Output, or str); else $KUBECONFIG
+    training: TrainingConfig = field(default_factory=TrainingConfig)
 
     def __post_init__(self):
         _require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
@@ -279,8 +327,10 @@ class StackConfig:
 _AWS_ONLY = ("network", "kubernetes", "corePool", "gpuPools")
 
 
-def from_values(project: str, stack: str, values: Mapping[str, Any], region: str | None) -> StackConfig:
-    """``values``: the ``spotray:`` keys without their namespace, as Pulumi or the stack file gives them."""
+def from_values(project: str, stack: str, values: Mapping[str, Any], region: str | None,
+                project_dir: Path | None = None) -> StackConfig:
+    """``values``: the ``spotray:`` keys without their namespace, as Pulumi or the stack file gives them;
+    ``project_dir``: where paths in them are relative to (default: the working directory, as under Pulumi)."""
     unknown = sorted(set(values) - set(KEYS))
     _require(not unknown, unknown[0] if unknown else "", "is not a spotray setting", f"use only {', '.join(KEYS)}")
     platform = values.get("platform", "aws")
@@ -303,6 +353,8 @@ def from_values(project: str, stack: str, values: Mapping[str, Any], region: str
         tags={str(k): str(v) for k, v in _section(values.get("tags"), "tags").items()},
         protect=_bool(values.get("protect", False), "protect"),
         kubeconfig=values.get("kubeconfig"),
+        training=_training(_section(values.get("training"), "training"), project_dir,
+                           aws_sections.get("gpu_pools", ())),
         **aws_sections,
     )
 
@@ -392,4 +444,4 @@ def load_stack_file(project_dir: Path, stack: str) -> StackConfig:
             values[key] = "[secret]" if isinstance(value, dict) and set(value) == {"secure"} else value
         elif full_key == "aws:region":
             region = value
-    return from_values(project, stack, values, region)
+    return from_values(project, stack, values, region, project_dir)

@@ -34,6 +34,8 @@ class PlannedResource:
     protect: bool
     retain_on_delete: bool
     depends_on: list[str] = field(default_factory=list)  # names of the resources it waits for
+    urn: str = ""
+    parent_urn: str = ""
 
     def as_policy_resource(self) -> Resource:
         return Resource(self.type, self.name, self.inputs, self.protect, self.retain_on_delete)
@@ -107,7 +109,8 @@ class _RecordingMonitor(mocks.MockMonitor):
                 type=request.type, name=request.name, parent=self.names.get(request.parent),
                 custom=bool(request.custom), inputs=_normalized(rpc.deserialize_properties(request.object)),
                 protect=bool(request.protect), retain_on_delete=bool(request.retainOnDelete),
-                depends_on=sorted(self.names.get(urn, urn) for urn in request.dependencies)))
+                depends_on=sorted(self.names.get(urn, urn) for urn in request.dependencies),
+                urn=response.urn, parent_urn=request.parent if request.parent in self.names else ""))
         return response
 
 
@@ -187,20 +190,20 @@ class PolicyViolations(SpotrayError):
 
 def format_plan(result: Plan, environment: str) -> str:
     """One line per resource, indented under its parent, then the outputs and the policy check."""
-    children: dict[str | None, list[PlannedResource]] = {}
+    children: dict[str, list[PlannedResource]] = {}
     for r in result.resources:
-        children.setdefault(r.parent, []).append(r)
+        children.setdefault(r.parent_urn, []).append(r)
     lines = [f"stack {result.stack}: {sum(r.custom for r in result.resources)} resources in "
              f"{sum(not r.custom for r in result.resources)} components"]
 
-    def walk(parent: str | None, depth: int) -> None:
-        for r in sorted(children.get(parent, []), key=lambda r: (r.custom, r.type, r.name)):
+    def walk(parent_urn: str, depth: int) -> None:
+        for r in sorted(children.get(parent_urn, []), key=lambda r: (r.custom, r.type, r.name)):
             flags = "".join(f" [{f}]" for f, on in (("protect", r.protect), ("retain", r.retain_on_delete)) if on)
             summary = _key_inputs(r)
             lines.append(f"{'  ' * depth}+ {r.type}  {r.name}{flags}{'  ' + summary if summary else ''}")
-            walk(r.name, depth + 1)
+            walk(r.urn, depth + 1)
 
-    walk(None, 1)
+    walk("", 1)
     lines.append("outputs:")
     lines += [f"  {k}: {v}" for k, v in result.outputs.items()]
     found = result.violations(environment)

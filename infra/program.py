@@ -9,14 +9,16 @@ import pulumi_kubernetes as k8s
 
 from cluster import object_store
 from cluster.addons import GpuPlumbing, KubeRayOperator
-from cluster.object_store import MinioObjectStore, ObjectStoreArgs
+from cluster.object_store import STORAGE_SECRET, MinioObjectStore, ObjectStoreArgs
+from cluster.rayjob import JobSettings
+from cluster.training_job import TrainingJob, TrainingNamespace
 from infra.config import StackConfig
 from infra.eks import Cluster, ClusterArgs
 from infra.karpenter import Karpenter, KarpenterArgs
 from infra.network import Network, NetworkArgs
 from infra.nodes import CoreNodes, CoreNodesArgs
 from infra.registry import ImageRepository
-from infra.storage import TRAINING_NAMESPACE, BucketArgs, CheckpointBucket
+from infra.storage import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, BucketArgs, CheckpointBucket
 
 MINIO_SIZE_GIB = 100
 
@@ -48,14 +50,30 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
 
 def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> None:
-    """The layers every stack installs into Kubernetes: KubeRay, GPU plumbing, and MinIO when it is the store."""
+    """The layers every stack installs into Kubernetes: KubeRay, GPU plumbing, the training namespace, MinIO
+    when it is the store, and the training job when it is enabled."""
     opts = pulumi.ResourceOptions(providers=[provider], depends_on=depends_on)
     # ServiceMonitors need the Prometheus operator's CRDs, which the monitoring layer does not install yet.
-    KubeRayOperator("kuberay", service_monitor=False, opts=opts)
+    kuberay = KubeRayOperator("kuberay", service_monitor=False, opts=opts)
     GpuPlumbing("gpu", service_monitor=False, opts=opts)
-    if cfg.storage.backend == "minio":
-        MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage.prefix,
-                                                  MINIO_SIZE_GIB, service_monitor=False), opts=opts)
+    namespace = TrainingNamespace("training", TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, opts=opts)
+    ready = [namespace, kuberay]
+    minio = cfg.storage.backend == "minio"
+    if minio:
+        ready.append(MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage.prefix,
+                                                               MINIO_SIZE_GIB, service_monitor=False),
+                                      opts=pulumi.ResourceOptions(providers=[provider], depends_on=[namespace])))
+    job = cfg.training
+    if job.enabled:
+        settings = JobSettings(
+            image=job.image, gpu_pool=job.gpu_pool, namespace=TRAINING_NAMESPACE,
+            service_account=TRAINING_SERVICE_ACCOUNT, gpus_per_worker=job.gpus_per_worker,
+            cpus_per_worker=job.cpus_per_worker, memory_gib_per_worker=job.memory_gib_per_worker,
+            storage_endpoint=object_store.endpoint(TRAINING_NAMESPACE) if minio else None,
+            storage_secret=STORAGE_SECRET if minio else None, env_secrets=job.env_secrets,
+            backoff_limit=job.backoff_limit)
+        TrainingJob("training-job", job.config, settings,
+                    opts=pulumi.ResourceOptions(providers=[provider], depends_on=ready))
 
 
 def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:

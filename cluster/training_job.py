@@ -1,0 +1,38 @@
+"""The training namespace and service account, and the training RayJob with its config map, from the pure
+builders in ``cluster/rayjob.py``."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from cluster.rayjob import JobSettings, config_map, rayjob
+from training.config import TrainConfig
+
+
+class TrainingNamespace(pulumi.ComponentResource):
+    """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket."""
+
+    def __init__(self, name: str, namespace: str, service_account: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:TrainingNamespace", name, None, opts)
+        self.namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": namespace},
+                                               opts=pulumi.ResourceOptions(parent=self))
+        self.service_account = k8s.core.v1.ServiceAccount(
+            f"{name}-service-account", metadata={"name": service_account, "namespace": namespace},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
+        self.register_outputs({"namespace": namespace})
+
+
+class TrainingJob(pulumi.ComponentResource):
+    def __init__(self, name: str, train: TrainConfig, settings: JobSettings,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:TrainingJob", name, None, opts)
+        manifest = rayjob(train, settings)  # validates before anything is created
+        cm = config_map(train, settings)
+        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=cm["metadata"], data=cm["data"],
+                                       opts=pulumi.ResourceOptions(parent=self))
+        job = k8s.apiextensions.CustomResource(
+            name, api_version=manifest["apiVersion"], kind=manifest["kind"], metadata=manifest["metadata"],
+            spec=manifest["spec"], opts=pulumi.ResourceOptions(parent=self, depends_on=[config]))
+        self.job_name = manifest["metadata"]["name"]
+        self.register_outputs({"job_name": self.job_name, "uid": job.metadata.apply(lambda m: m.get("uid"))})

@@ -1,0 +1,65 @@
+"""The training RayJob deployed by ``pulumi up`` when ``spotray:training.enabled``."""
+
+import pytest
+import yaml
+
+from infra.config import from_values
+from infra.plan import plan
+from tests.schemas import validate_custom_resource
+from training.errors import ConfigError
+
+AWS = {
+    "network": {"availabilityZones": ["us-west-2a", "us-west-2b"]},
+    "kubernetes": {"publicAccessCidrs": ["203.0.113.0/24"]},
+    "gpuPools": [{"name": "a10g-spot", "families": ["g5"]}],
+}
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:3f2a1c"
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        "run": {"name": "gpt-small"}, "data": {"path": "s3://spotray-dev/spotray/data"},
+        "checkpoint": {"path": "s3://spotray-dev/spotray/ckpt"}, "scaling": {"num_workers": 2, "use_gpu": True}}))
+    return tmp_path
+
+
+def stack(project, backend="minio", **training):
+    values = {**AWS, "storage": {"backend": backend},
+              "training": {"enabled": True, "config": "run.yaml", "image": IMAGE, **training}}
+    return from_values("spotray", "dev", values, "us-west-2", project)
+
+
+@pytest.mark.parametrize("backend", ["minio", "s3"])
+def test_an_enabled_job_is_a_valid_rayjob_that_waits_for_kuberay_and_its_namespace(project, backend):
+    result = plan(stack(project, backend))
+    job = result.of_type("kubernetes:ray.io/v1:RayJob")[0]
+    validate_custom_resource(job.inputs, "kuberay-v1.7.0_ray.io_rayjobs.yaml")
+    assert job.inputs["metadata"]["name"] == "gpt-small"
+    component = next(r for r in result.resources if r.type == "spotray:cluster:TrainingJob")
+    # a dependency on a component is on its resources
+    assert {"kuberay-chart", "training-namespace", "training-service-account"} <= set(component.depends_on)
+    assert ("minio-chart" in component.depends_on) == (backend == "minio")
+    spec = job.inputs["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert spec["serviceAccountName"] == "spotray-training"
+    env = {e["name"] for e in spec["containers"][0]["env"]}
+    assert ("AWS_SECRET_ACCESS_KEY" in env) == (backend == "minio")  # on S3, Pod Identity instead of keys
+    config = result.of_type("kubernetes:core/v1:ConfigMap")[0].inputs
+    assert yaml.safe_load(config["data"]["train.yaml"])["run"]["name"] == "gpt-small"
+
+
+def test_disabled_by_default(stack_plans):
+    for _, result in stack_plans.values():
+        assert not result.of_type("kubernetes:ray.io/v1:RayJob")
+
+
+@pytest.mark.parametrize(("training", "key"), [
+    ({"image": "repo/training"}, "training.image"),
+    ({"gpuPool": "h100-spot"}, "training.gpuPool"),
+    ({"backoffLimit": 1}, "training.backoffLimit"),
+    ({"config": ""}, "training.config"),
+])
+def test_bad_training_settings_name_the_key(project, training, key):
+    with pytest.raises(ConfigError) as err:
+        stack(project, **training)
+    assert err.value.field == f"spotray:{key}"
