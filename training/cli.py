@@ -50,8 +50,12 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 def _cmd_plan(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    try:
+        from infra.plan import PolicyViolations, format_plan, plan
+    except ImportError as exc:
+        raise SpotrayError(f"spotray plan needs the Pulumi SDKs ({exc.name} is missing): "
+                           "pip install 'spotray[infra]'") from exc
     from infra.config import load_stack_file
-    from infra.plan import PolicyViolations, format_plan, plan
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     result = plan(cfg)
