@@ -34,20 +34,19 @@ class ObjectStoreArgs:
 class MinioObjectStore(pulumi.ComponentResource):
     def __init__(self, name: str, args: ObjectStoreArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:MinioObjectStore", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        in_namespace = child  # the namespace is the training namespace, created before this component
+        child = pulumi.ResourceOptions(parent=self)  # the namespace exists: TrainingNamespace comes first
         root_password = random.RandomPassword(f"{name}-root-password", length=32, special=False, opts=child)
         access_key = random.RandomPassword(f"{name}-training-access-key", length=20, special=False, opts=child)
         secret_key = random.RandomPassword(f"{name}-training-secret-key", length=40, special=False, opts=child)
         secrets = [
             _secret(f"{name}-root", MINIO_ROOT_SECRET, args.namespace,
-                    {"root-user": "admin", "root-password": root_password.result}, in_namespace),
+                    {"root-user": "admin", "root-password": root_password.result}, child),
             _secret(f"{name}-users", MINIO_USERS_SECRET, args.namespace,
                     {"training": pulumi.Output.all(access_key.result, secret_key.result).apply(
-                        lambda keys: minio_user_entry(*keys))}, in_namespace),
+                        lambda keys: minio_user_entry(*keys))}, child),
             _secret(f"{name}-training", STORAGE_SECRET, args.namespace,
                     {"AWS_ACCESS_KEY_ID": access_key.result, "AWS_SECRET_ACCESS_KEY": secret_key.result},
-                    in_namespace),
+                    child),
         ]
         values = minio_values(args.bucket, args.prefix, args.size_gib, args.service_monitor)
         release = helm.release(f"{name}-chart", MINIO, args.namespace, values,

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from infra.karpenter_manifests import GPU_TAINT, POOL_LABEL
+from infra.karpenter_manifests import CORE_SELECTOR, GPU_TOLERATION, POOL_LABEL
 from infra.versions import RAY_VERSION
 from training.config import TrainConfig
 from training.errors import ConfigError
 
+TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)
+TRAINING_SERVICE_ACCOUNT = "spotray-training"  # the one Pod Identity maps to the bucket prefix
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
 CONFIG_DIR = "/etc/spotray"
 CONFIG_FILE = "train.yaml"
@@ -31,8 +33,8 @@ class JobSettings:
 
     image: str
     gpu_pool: str
-    namespace: str = "spotray"
-    service_account: str = "spotray-training"
+    namespace: str = TRAINING_NAMESPACE
+    service_account: str = TRAINING_SERVICE_ACCOUNT
     gpus_per_worker: int = 1
     cpus_per_worker: int = 8
     memory_gib_per_worker: int = 32
@@ -131,7 +133,7 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
             "metadata": {"labels": _labels(name)},
             "spec": {
                 "serviceAccountName": settings.service_account,
-                "nodeSelector": {POOL_LABEL: "core"},
+                "nodeSelector": CORE_SELECTOR,
                 "containers": [{
                     "name": "ray-head", "image": settings.image, "env": env,
                     "resources": _resources(settings.head_cpus, settings.head_memory_gib),
@@ -157,7 +159,7 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
             "spec": {
                 "serviceAccountName": settings.service_account,
                 "nodeSelector": {POOL_LABEL: settings.gpu_pool},
-                "tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}],
+                "tolerations": [GPU_TOLERATION],
                 # The spot notice covers Ray's drain (the emergency checkpoint) plus the pod's own exit.
                 "terminationGracePeriodSeconds": settings.notice_s,
                 "containers": [{

@@ -67,8 +67,8 @@ def _network(value: str, key: str) -> ipaddress.IPv4Network:
     try:
         return ipaddress.IPv4Network(value)
     except (ValueError, TypeError):
-        _require(False, key, f"{value!r} is not an IPv4 CIDR block", "write it like 10.20.0.0/16")
-        raise AssertionError from None  # unreachable: _require raised
+        raise ConfigError(f"{NAMESPACE}:{key}", f"{value!r} is not an IPv4 CIDR block",
+                          "write it like 10.20.0.0/16") from None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import pulumi_kubernetes as k8s
 
 from infra import helm, iam
 from infra.config import GpuPoolConfig
-from infra.karpenter_manifests import ec2_node_class, gpu_node_pool
+from infra.karpenter_manifests import CORE_SELECTOR, ec2_node_class, gpu_node_pool
 from infra.nodes import NODE_POLICIES
 from infra.versions import KARPENTER
 
@@ -96,7 +96,7 @@ def chart_values(cluster_name: pulumi.Input[str], endpoint: pulumi.Input[str], q
         "replicas": 2,
         "controller": {"resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
                                      "limits": {"memory": "1Gi"}}},
-        "nodeSelector": {"spotray.dev/pool": "core"},
+        "nodeSelector": CORE_SELECTOR,
     }
 
 

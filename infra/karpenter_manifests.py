@@ -9,7 +9,10 @@ from infra.config import GpuPoolConfig
 from infra.versions import NODE_AMI_ALIAS
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
 POOL_LABEL = "spotray.dev/pool"
+CORE_POOL = "core"  # the on-demand managed node group
+CORE_SELECTOR = {POOL_LABEL: CORE_POOL}
 GPU_LABEL = "spotray.dev/gpu"
 ON_DEMAND_FALLBACK_LABEL = "spotray.dev/on-demand-fallback"
 DISCOVERY_TAG = "karpenter.sh/discovery"

@@ -10,11 +10,10 @@ import pulumi_aws as aws
 
 from infra import iam
 from infra.config import CorePoolConfig
-from infra.karpenter_manifests import POOL_LABEL
+from infra.karpenter_manifests import CORE_POOL, CORE_SELECTOR
 
 NODE_POLICIES = ["AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
                  "AmazonSSMManagedInstanceCore"]
-CORE_POOL = "core"
 # Add-ons at the version EKS picks for the cluster's Kubernetes version; eks-pod-identity-agent before any role.
 ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
 
@@ -38,7 +37,7 @@ class CoreNodes(pulumi.ComponentResource):
             subnet_ids=args.subnet_ids, capacity_type="ON_DEMAND", instance_types=list(pool.instance_types),
             ami_type="AL2023_x86_64_STANDARD", disk_size=pool.disk_gib,
             scaling_config={"min_size": pool.min_size, "desired_size": pool.desired_size, "max_size": pool.max_size},
-            update_config={"max_unavailable": 1}, labels={POOL_LABEL: CORE_POOL}, tags=tags,
+            update_config={"max_unavailable": 1}, labels=CORE_SELECTOR, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]))
         ebs_role = iam.role(f"{name}-ebs-csi", iam.POD_IDENTITY_PRINCIPAL,
                             ["service-role/AmazonEBSCSIDriverPolicy"], tags, child)

@@ -10,15 +10,15 @@ import pulumi_kubernetes as k8s
 from cluster import object_store
 from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import STORAGE_SECRET, MinioObjectStore, ObjectStoreArgs
-from cluster.rayjob import JobSettings
+from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, JobSettings
 from cluster.training_job import TrainingJob, TrainingNamespace
 from infra.config import StackConfig
 from infra.eks import Cluster, ClusterArgs
 from infra.karpenter import Karpenter, KarpenterArgs
 from infra.network import Network, NetworkArgs
 from infra.nodes import CoreNodes, CoreNodesArgs
-from infra.registry import ImageRepository
-from infra.storage import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, BucketArgs, CheckpointBucket
+from infra.registry import ImageRepository, ImageRepositoryArgs
+from infra.storage import BucketArgs, CheckpointBucket
 
 MINIO_SIZE_GIB = 100
 
@@ -38,7 +38,8 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
                                                      cfg.gpu_pools, tags, provider, depends_on=[core.ready]))
     _in_cluster(cfg, provider, depends_on=[core.ready])
-    registry = ImageRepository("registry", f"{cfg.project}/{cfg.stack}/training", tags, cfg.protect)
+    registry = ImageRepository("registry", ImageRepositoryArgs(f"{cfg.project}/{cfg.stack}/training", tags,
+                                                                    cfg.protect))
     outputs = {"clusterName": cluster.name, "kubeconfig": cluster.kubeconfig, "ecrUrl": registry.url,
                "gpuPools": karpenter.node_pools, "interruptionQueue": karpenter.queue_name}
     if cfg.storage.backend == "s3":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -10,14 +11,21 @@ import pulumi_aws as aws
 UNTAGGED_IMAGE_DAYS = 14
 
 
+@dataclass(frozen=True)
+class ImageRepositoryArgs:
+    repository: str
+    tags: dict[str, str]
+    protect: bool
+
+
 class ImageRepository(pulumi.ComponentResource):
     url: pulumi.Output[str]
 
-    def __init__(self, name: str, repository: str, tags: dict[str, str], protect: bool,
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: ImageRepositoryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:infra:ImageRepository", name, None, opts)
+        tags, protect = args.tags, args.protect
         repo = aws.ecr.Repository(
-            f"{name}-repo", name=repository, image_tag_mutability="IMMUTABLE",
+            f"{name}-repo", name=args.repository, image_tag_mutability="IMMUTABLE",
             image_scanning_configuration={"scan_on_push": True}, encryption_configurations=[{"encryption_type": "KMS"}],
             force_delete=not protect, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, protect=protect, retain_on_delete=protect))

@@ -8,11 +8,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 from infra import iam
 from infra.config import StorageConfig
-
-TRAINING_NAMESPACE = "spotray"
-TRAINING_SERVICE_ACCOUNT = "spotray-training"
 
 
 @dataclass(frozen=True)

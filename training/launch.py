@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 _DEFAULT_NOTICE_S = 120.0  # AWS gives a spot instance two minutes' notice
 
 
-
 def ray_train_fn(config: dict) -> None:
     """Runs on every Ray Train worker: build everything heavy here from the small config dict.
 

@@ -2,6 +2,7 @@
 
 import json
 
+import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
@@ -22,8 +23,7 @@ def releases(plan) -> dict[str, dict]:
 
 
 def test_kuberay_crds_are_applied_before_the_chart_which_skips_its_own():
-    plan = under_provider(lambda p: KubeRayOperator("kr", False, opts=__import__("pulumi").ResourceOptions(
-        providers=[p])))
+    plan = under_provider(lambda p: KubeRayOperator("kr", False, opts=pulumi.ResourceOptions(providers=[p])))
     crds = plan.of_type("kubernetes:yaml/v2:ConfigFile")
     assert sorted(c.inputs["file"].rsplit("/", 1)[1] for c in crds) == [
         "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml"]
@@ -35,8 +35,6 @@ def test_kuberay_crds_are_applied_before_the_chart_which_skips_its_own():
 
 
 def test_gpu_plumbing_reaches_tainted_gpu_nodes():
-    import pulumi
-
     plan = under_provider(lambda p: GpuPlumbing("gpu", False, opts=pulumi.ResourceOptions(providers=[p])))
     for values in (r["values"] for r in releases(plan).values()):
         assert values["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -45,8 +43,6 @@ def test_gpu_plumbing_reaches_tainted_gpu_nodes():
 
 @pytest.fixture(scope="module")
 def minio():
-    import pulumi
-
     return under_provider(lambda p: MinioObjectStore("minio", ObjectStoreArgs("spotray", "spotray-t", "spotray", 50,
                                                                               False),
                                                      opts=pulumi.ResourceOptions(providers=[p])))

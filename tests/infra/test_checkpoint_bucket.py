@@ -2,7 +2,6 @@ import json
 
 from infra.config import StorageConfig
 from infra.plan import run_mocked
-from infra.registry import ImageRepository
 from infra.storage import BucketArgs, CheckpointBucket
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
@@ -49,15 +48,3 @@ def test_protect_keeps_the_bucket_and_its_objects():
     bucket = build(protect=True).of_type("aws:s3/bucket:Bucket")[0]
     assert (bucket.protect, bucket.retain_on_delete, bucket.inputs["forceDestroy"]) == (True, True, False)
     assert build().of_type("aws:s3/bucket:Bucket")[0].inputs["forceDestroy"] is True
-
-
-def test_the_image_repository_has_immutable_scanned_tags_and_expires_untagged_images():
-    plan = run_mocked(lambda: {"url": ImageRepository("reg", "spotray/t/training", TAGS, True).url},
-                      "spotray", "t", "us-west-2")
-    repo = plan.of_type("aws:ecr/repository:Repository")[0]
-    assert repo.inputs["imageTagMutability"] == "IMMUTABLE"
-    assert repo.inputs["imageScanningConfiguration"] == {"scanOnPush": True}
-    assert repo.protect and repo.retain_on_delete
-    rule = json.loads(plan.of_type("aws:ecr/lifecyclePolicy:LifecyclePolicy")[0].inputs["policy"])["rules"][0]
-    assert rule["selection"]["tagStatus"] == "untagged"
-    assert plan.outputs["url"] == "123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/t/training"
