@@ -9,25 +9,25 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from cluster.charts import MINIO_ROOT_SECRET, MINIO_USERS_SECRET, minio_user_entry, minio_values
+from cluster.charts import (
+    MINIO_RELEASE,
+    MINIO_ROOT_SECRET,
+    MINIO_USERS_SECRET,
+    STORAGE_SECRET,
+    minio_endpoint,
+    minio_user_entry,
+    minio_values,
+)
 from infra import helm
+from infra.config import StorageConfig
 from infra.versions import MINIO
-
-STORAGE_SECRET = "spotray-storage"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for training pods
-ENDPOINT_PORT = 9000
-RELEASE = "minio"  # the chart names its Service after the release
-
-
-def endpoint(namespace: str) -> str:
-    return f"http://{RELEASE}.{namespace}.svc.cluster.local:{ENDPOINT_PORT}"
 
 
 @dataclass(frozen=True)
 class ObjectStoreArgs:
     namespace: str
     bucket: str
-    prefix: str
-    size_gib: int
+    storage: StorageConfig  # prefix, pod count, volume size, images
     service_monitor: bool
 
 
@@ -48,10 +48,12 @@ class MinioObjectStore(pulumi.ComponentResource):
                     {"AWS_ACCESS_KEY_ID": access_key.result, "AWS_SECRET_ACCESS_KEY": secret_key.result},
                     child),
         ]
-        values = minio_values(args.bucket, args.prefix, args.size_gib, args.service_monitor)
+        store = args.storage
+        values = minio_values(args.bucket, store.prefix, store.minio_size_gib, args.service_monitor,
+                              replicas=store.minio_replicas, images=store.minio_images)
         release = helm.release(f"{name}-chart", MINIO, args.namespace, values,
-                               pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=RELEASE)
-        self.endpoint = endpoint(args.namespace)
+                               pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=MINIO_RELEASE)
+        self.endpoint = minio_endpoint(args.namespace)
         self.register_outputs({"release": release.name})
 
 

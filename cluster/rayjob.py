@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from cluster.charts import STORAGE_SECRET, minio_endpoint
+from cluster.names import APP, APP_LABEL, COMPONENT_LABEL, SUBMITTER_COMPONENT, TRAINING_COMPONENT
+from infra.config import StackConfig
 from infra.karpenter_manifests import CORE_SELECTOR, GPU_TOLERATION, POOL_LABEL
 from infra.versions import RAY_VERSION
 from training.config import TrainConfig
@@ -24,6 +27,12 @@ CONFIG_DIR = "/etc/spotray"
 CONFIG_FILE = "train.yaml"
 SPOT_NOTICE_S = 120  # EC2 gives a spot instance two minutes
 DRAIN_MARGIN_S = 20  # of the notice, kept for the pod to stop after Ray's drain deadline
+# Ray's metrics endpoints by node type, named as the PodMonitors and NetworkPolicies refer to them.
+METRICS_PORTS = {
+    "head": [{"name": "metrics", "containerPort": 8080}, {"name": "as-metrics", "containerPort": 44217},
+             {"name": "dash-metrics", "containerPort": 44227}],
+    "worker": [{"name": "metrics", "containerPort": 8080}],
+}
 _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -53,6 +62,29 @@ class JobSettings:
                               "use at least 2, so a lost head becomes a new cluster that resumes")
         if self.notice_s <= DRAIN_MARGIN_S:
             raise ConfigError("training.noticeSeconds", f"is {self.notice_s}", f"use more than {DRAIN_MARGIN_S}")
+
+
+def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | None = None) -> JobSettings:
+    """The job settings of ``stack``: its training section, its object store, and its GPU pools."""
+    job = stack.training
+    image = image or job.image
+    if not image:
+        raise ConfigError("training.image", "is not set for this stack",
+                          "pass --image <registry>/<repository>:<tag>, or set spotray:training.image")
+    pool = gpu_pool or job.gpu_pool or (stack.gpu_pools[0].name if stack.gpu_pools else "")
+    if not pool:
+        raise ConfigError("training.gpuPool", "is not set for this stack",
+                          "pass --gpu-pool, or set spotray:training.gpuPool to the spotray.dev/pool of its GPU nodes")
+    pools = [p.name for p in stack.gpu_pools]
+    if pools and pool not in pools:
+        raise ConfigError("training.gpuPool", f"{pool!r} is not a GPU pool of stack {stack.stack}",
+                          f"use one of {pools}")
+    minio = stack.storage.backend == "minio"
+    return JobSettings(
+        image=image, gpu_pool=pool, gpus_per_worker=job.gpus_per_worker, cpus_per_worker=job.cpus_per_worker,
+        memory_gib_per_worker=job.memory_gib_per_worker, env_secrets=job.env_secrets, backoff_limit=job.backoff_limit,
+        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
+        storage_secret=STORAGE_SECRET if minio else None)
 
 
 def job_name(cfg: TrainConfig) -> str:
@@ -93,6 +125,7 @@ def rayjob(cfg: TrainConfig, settings: JobSettings) -> dict:
                 {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED", "ttlSeconds": 3600}},
                 {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 300}},
             ]},
+            "submitterPodTemplate": _submitter(name, settings),
             "rayClusterSpec": {
                 "rayVersion": RAY_VERSION,
                 "authOptions": {"mode": "token"},
@@ -104,8 +137,25 @@ def rayjob(cfg: TrainConfig, settings: JobSettings) -> dict:
     }
 
 
-def _labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "spotray", "app.kubernetes.io/component": "training", "spotray.dev/run": name}
+def _labels(name: str, component: str = TRAINING_COMPONENT) -> dict[str, str]:
+    """Every pod of a job carries them; NetworkPolicies select on the component (``cluster/network_policy.py``)."""
+    return {APP_LABEL: APP, COMPONENT_LABEL: component, "spotray.dev/run": name}
+
+
+def _submitter(name: str, settings: JobSettings) -> dict:
+    """KubeRay's submitter pod (it fills in the ``ray job submit`` command), labelled so that it may reach the
+    head's dashboard, and kept off the GPU nodes."""
+    return {
+        "metadata": {"labels": _labels(name, SUBMITTER_COMPONENT)},
+        "spec": {
+            "restartPolicy": "Never",
+            "serviceAccountName": settings.service_account,
+            "nodeSelector": CORE_SELECTOR,
+            "containers": [{"name": "ray-job-submitter", "image": settings.image,
+                            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
+                                          "limits": {"cpu": "1", "memory": "1Gi"}}}],
+        },
+    }
 
 
 def _env(settings: JobSettings) -> list[dict]:
@@ -138,7 +188,7 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
                     "name": "ray-head", "image": settings.image, "env": env,
                     "resources": _resources(settings.head_cpus, settings.head_memory_gib),
                     "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
-                              {"name": "client", "containerPort": 10001}, {"name": "metrics", "containerPort": 8080}],
+                              {"name": "client", "containerPort": 10001}, *METRICS_PORTS["head"]],
                     "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
                 }],
                 "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
@@ -167,7 +217,7 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                     "env": [*env, {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(drain_s)}],
                     "resources": _resources(settings.cpus_per_worker, settings.memory_gib_per_worker,
                                             settings.gpus_per_worker),
-                    "ports": [{"name": "metrics", "containerPort": 8080}],
+                    "ports": METRICS_PORTS["worker"],
                 }],
             },
         },

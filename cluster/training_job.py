@@ -1,17 +1,19 @@
-"""The training namespace and service account, and the training RayJob with its config map, from the pure
-builders in ``cluster/rayjob.py``."""
+"""The training namespace (its service account and the Ray head's NetworkPolicy), and the training RayJob with its
+config map, from the pure builders in ``cluster/rayjob.py`` and ``cluster/network_policy.py``."""
 
 from __future__ import annotations
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from cluster.network_policy import ray_head_policy
 from cluster.rayjob import JobSettings, config_map, rayjob
 from training.config import TrainConfig
 
 
 class TrainingNamespace(pulumi.ComponentResource):
-    """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket."""
+    """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket, and
+    its NetworkPolicy keeps every Ray head in it closed to all but Ray pods, KubeRay and Prometheus."""
 
     def __init__(self, name: str, namespace: str, service_account: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:TrainingNamespace", name, None, opts)
@@ -20,6 +22,9 @@ class TrainingNamespace(pulumi.ComponentResource):
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account", metadata={"name": service_account, "namespace": namespace},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
+        policy = ray_head_policy(namespace)
+        k8s.networking.v1.NetworkPolicy(f"{name}-ray-head-policy", metadata=policy["metadata"], spec=policy["spec"],
+                                        opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
         self.register_outputs({"namespace": namespace})
 
 

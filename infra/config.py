@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from infra.versions import MINIO_IMAGES, Image
 from training.errors import ConfigError, SpotrayError
 
 NAMESPACE = "spotray"
@@ -214,6 +215,9 @@ class StorageConfig:
     bucket: str | None = None  # s3 on aws: defaults to <project>-<stack>; on an existing cluster: required
     prefix: str = "spotray"
     checkpoint_retention_days: int = 30  # old (non-current) checkpoint object versions expire after this
+    minio_replicas: int = 4
+    minio_size_gib: int = 100  # each MinIO pod's volume
+    minio_images: Mapping[str, Image] = field(default_factory=lambda: dict(MINIO_IMAGES))
 
     def __post_init__(self):
         _require(self.backend in ("minio", "s3"), "storage.backend", f"is {self.backend!r}", "use minio or s3")
@@ -224,6 +228,11 @@ class StorageConfig:
                  f"{self.prefix!r} is not a key prefix", "use e.g. spotray or teams/ml")
         _require(self.checkpoint_retention_days >= 1, "storage.checkpointRetentionDays",
                  f"is {self.checkpoint_retention_days}", "use at least 1")
+        _require(self.minio_replicas >= 4 and self.minio_replicas % 2 == 0, "storage.minioReplicas",
+                 f"is {self.minio_replicas}", "distributed MinIO needs an even number of pods, at least 4")
+        unknown = sorted(set(self.minio_images) - set(MINIO_IMAGES))
+        _require(not unknown, "storage.minioImages", f"has unknown images {unknown}",
+                 f"override any of {sorted(MINIO_IMAGES)}")
 
 
 @dataclass(frozen=True)
@@ -402,13 +411,29 @@ def _core_pool_config(raw: dict) -> CorePoolConfig:
 
 
 def _storage_config(raw: dict) -> StorageConfig:
-    _no_unknown(raw, {"backend", "bucket", "prefix", "checkpointRetentionDays"}, "storage")
+    _no_unknown(raw, {"backend", "bucket", "prefix", "checkpointRetentionDays", "minioReplicas", "minioSizeGiB",
+                      "minioImages"}, "storage")
     d = StorageConfig
+    images = {name: _image(ref, f"storage.minioImages.{name}")
+              for name, ref in _section(raw.get("minioImages"), "storage.minioImages").items()}
     return StorageConfig(
         backend=raw.get("backend", d.backend), bucket=raw.get("bucket"), prefix=raw.get("prefix", d.prefix),
         checkpoint_retention_days=_int(raw.get("checkpointRetentionDays", d.checkpoint_retention_days),
                                        "storage.checkpointRetentionDays", minimum=1),
+        minio_replicas=_int(raw.get("minioReplicas", d.minio_replicas), "storage.minioReplicas"),
+        minio_size_gib=_int(raw.get("minioSizeGiB", d.minio_size_gib), "storage.minioSizeGiB", minimum=1),
+        minio_images={**MINIO_IMAGES, **images},
     )
+
+
+def _image(ref: Any, key: str) -> Image:
+    """``registry/repository:tag``, e.g. ``<account>.dkr.ecr.<region>.amazonaws.com/bitnamilegacy/minio:<tag>``."""
+    match = re.fullmatch(r"([a-z0-9.-]+(?::[0-9]+)?)/([a-z0-9._/-]+):(\w[\w.-]{0,127})", str(ref))
+    registry = match.group(1) if match else ""
+    _require("." in registry or ":" in registry or registry == "localhost", key,
+             f"{ref!r} is not registry/repository:tag",
+             "give the full reference with its registry and tag, e.g. docker.io/bitnamilegacy/minio:<tag>")
+    return Image(*match.groups())
 
 
 def from_pulumi() -> StackConfig:

@@ -116,8 +116,9 @@ class _RecordingMonitor(mocks.MockMonitor):
 
 def _normalized(value, key: str = ""):
     if isinstance(value, dict):
-        if value.get(_SIG_KEY) == _SECRET_SIG:
-            return SECRET
+        if value.get(_SIG_KEY) == _SECRET_SIG:  # a secret map keeps its keys: which ones exist is no secret
+            inner = value.get("value")
+            return {k: SECRET for k in inner} if isinstance(inner, dict) else SECRET
         return {k: _normalized(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_normalized(v, key) for v in value]

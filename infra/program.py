@@ -7,10 +7,10 @@ import os
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster import object_store
 from cluster.addons import GpuPlumbing, KubeRayOperator
-from cluster.object_store import STORAGE_SECRET, MinioObjectStore, ObjectStoreArgs
-from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, JobSettings
+from cluster.charts import minio_endpoint
+from cluster.object_store import MinioObjectStore, ObjectStoreArgs
+from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, job_settings
 from cluster.training_job import TrainingJob, TrainingNamespace
 from infra.config import StackConfig
 from infra.eks import Cluster, ClusterArgs
@@ -19,8 +19,6 @@ from infra.network import Network, NetworkArgs
 from infra.nodes import CoreNodes, CoreNodesArgs
 from infra.registry import ImageRepository, ImageRepositoryArgs
 from infra.storage import BucketArgs, CheckpointBucket
-
-MINIO_SIZE_GIB = 100
 
 
 def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -46,7 +44,7 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
         bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect))
         outputs.update(storageEndpoint=f"https://s3.{cfg.region}.amazonaws.com", storageBucket=bucket.bucket_name)
     else:
-        outputs.update(storageEndpoint=object_store.endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket)
+        outputs.update(storageEndpoint=minio_endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket)
     return outputs
 
 
@@ -61,19 +59,11 @@ def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulum
     ready = [namespace, kuberay]
     minio = cfg.storage.backend == "minio"
     if minio:
-        ready.append(MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage.prefix,
-                                                               MINIO_SIZE_GIB, service_monitor=False),
+        ready.append(MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage,
+                                                               service_monitor=False),
                                       opts=pulumi.ResourceOptions(providers=[provider], depends_on=[namespace])))
-    job = cfg.training
-    if job.enabled:
-        settings = JobSettings(
-            image=job.image, gpu_pool=job.gpu_pool, namespace=TRAINING_NAMESPACE,
-            service_account=TRAINING_SERVICE_ACCOUNT, gpus_per_worker=job.gpus_per_worker,
-            cpus_per_worker=job.cpus_per_worker, memory_gib_per_worker=job.memory_gib_per_worker,
-            storage_endpoint=object_store.endpoint(TRAINING_NAMESPACE) if minio else None,
-            storage_secret=STORAGE_SECRET if minio else None, env_secrets=job.env_secrets,
-            backoff_limit=job.backoff_limit)
-        TrainingJob("training-job", job.config, settings,
+    if cfg.training.enabled:
+        TrainingJob("training-job", cfg.training.config, job_settings(cfg),
                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=ready))
 
 
@@ -85,5 +75,5 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
                               "\"$(cat ~/.kube/config)\"`, or export KUBECONFIG")
     _in_cluster(cfg, k8s.Provider("existing", kubeconfig=kubeconfig), depends_on=[])
     minio = cfg.storage.backend == "minio"
-    endpoint = object_store.endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
+    endpoint = minio_endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
     return {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}

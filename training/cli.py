@@ -47,15 +47,21 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
 
 
+def _require_infra(command: str) -> None:
+    try:
+        import pulumi  # noqa: F401
+        import pulumi_kubernetes  # noqa: F401
+    except ImportError as exc:
+        raise SpotrayError(f"spotray {command} needs the Pulumi SDKs ({exc.name} is missing): "
+                           "pip install 'spotray[infra]'") from exc
+
+
 def _cmd_plan(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    try:
-        from infra.plan import PolicyViolations, format_plan, plan
-    except ImportError as exc:
-        raise SpotrayError(f"spotray plan needs the Pulumi SDKs ({exc.name} is missing): "
-                           "pip install 'spotray[infra]'") from exc
+    _require_infra("plan")
     from infra.config import load_stack_file
+    from infra.plan import PolicyViolations, format_plan, plan
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     result = plan(cfg)
@@ -63,6 +69,31 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     found = result.violations(cfg.environment)
     if found:
         raise PolicyViolations(f"stack {args.stack} breaks {len(found)} polic(ies): {', '.join(found)}")
+
+
+def _cmd_render(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    _require_infra("render")
+    from cluster.render import render, write
+    from infra.config import load_stack_file
+
+    rendered = render(load_stack_file(Path(args.project_dir), args.stack))
+    write(rendered, Path(args.out))
+    print(f"rendered {len(rendered.objects)} objects and {len(rendered.releases)} Helm releases of stack "
+          f"{args.stack} into {args.out}; {len(rendered.secrets)} Secrets to provide: {args.out}/required-secrets.yaml")
+
+
+def _cmd_submit(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from cluster.submit import submit
+    from infra.config import load_stack_file
+    from training import config
+
+    train = config.load(args.config, list(args.set or []))
+    stack = load_stack_file(Path(args.project_dir), args.stack)
+    print(submit(train, stack, image=args.image, gpu_pool=args.gpu_pool, context=args.context, dry_run=args.dry_run))
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
@@ -114,12 +145,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
     p.set_defaults(func=_cmd_plan)
 
+    p = sub.add_parser("render", help="offline: the stack's Kubernetes objects as YAML files for GitOps")
+    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    p.add_argument("--out", required=True, help="directory to write (new, empty, or an earlier render)")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("submit", help="submit a training RayJob to the current kube-context (kubectl)")
+    p.add_argument("--stack", required=True, help="the stack whose cluster it runs on: pools, storage, image")
+    p.add_argument("--config", required=True, help="training YAML config file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--image", help="training image with its tag (default: the stack's training.image)")
+    p.add_argument("--gpu-pool", help="spotray.dev/pool of the GPU nodes (default: the stack's training.gpuPool)")
+    p.add_argument("--context", help="kube-context (default: the current one)")
+    p.add_argument("--dry-run", action="store_true", help="print the manifests instead of applying them")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_submit)
+
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (throughput) or saves (checkpoint)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (throughput), saves (checkpoint), or the checkpoint interval (recovery)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--rounds", type=int, default=2, help="recovery bench: drills per side, interleaved")

@@ -20,7 +20,7 @@ from training.data.dataset import TokenDataset
 from training.errors import TrainingFailed
 from training.loop import WorkerEnv, run_root, train
 from training.progress import ProgressMonitor
-from training.runtime_env import check_working_dir, forwarded_env
+from training.runtime_env import worker_runtime_env
 from training.storage import Location, resolve
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,7 @@ def preflight(cfg: TrainConfig) -> TokenDataset:
 def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
     dataset = preflight(cfg)
-    runtime_env = {"env_vars": forwarded_env(cfg.env)}
-    if cfg.runtime.working_dir:
-        runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
+    runtime_env = worker_runtime_env(cfg)  # refuses an oversized working dir before Ray starts
     _ensure_ray(cfg, worker_logs)
     root = run_root(cfg)
     attempts = root.child("attempts")

@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from training.config import EnvSection
+from training.config import EnvSection, TrainConfig
 from training.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,14 @@ STORAGE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 WORKING_DIR_EXCLUDES = ("core", "core.*", "*.core", "spotray-runs", "checkpoints", "*.distcp", ".venv", "venv",
                         "data", "*.bin", "*.pt", "*.safetensors", "__pycache__", ".pytest_cache", ".ruff_cache",
                         ".git", "*.egg-info")
+
+
+def worker_runtime_env(cfg: TrainConfig) -> dict:
+    """The runtime_env of every Ray Train worker."""
+    runtime_env = {"env_vars": forwarded_env(cfg.env)}
+    if cfg.runtime.working_dir:
+        runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
+    return runtime_env
 
 
 def forwarded_env(env: EnvSection, environ: dict | None = None) -> dict[str, str]:

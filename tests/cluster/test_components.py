@@ -8,6 +8,7 @@ import pytest
 
 from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
+from infra.config import StorageConfig
 from infra.plan import run_mocked
 
 
@@ -43,15 +44,15 @@ def test_gpu_plumbing_reaches_tainted_gpu_nodes():
 
 @pytest.fixture(scope="module")
 def minio():
-    return under_provider(lambda p: MinioObjectStore("minio", ObjectStoreArgs("spotray", "spotray-t", "spotray", 50,
-                                                                              False),
-                                                     opts=pulumi.ResourceOptions(providers=[p])))
+    args = ObjectStoreArgs("spotray", "spotray-t", StorageConfig(minio_size_gib=50), service_monitor=False)
+    return under_provider(lambda p: MinioObjectStore("minio", args, opts=pulumi.ResourceOptions(providers=[p])))
 
 
 def test_minio_credentials_are_generated_into_secrets_and_never_shown(minio):
     secrets = {r.inputs["metadata"]["name"]: r for r in minio.of_type("kubernetes:core/v1:Secret")}
     assert set(secrets) == {"minio-root", "minio-users", "spotray-storage"}
-    assert all(s.inputs["stringData"] == "[secret]" for s in secrets.values())
+    assert all(set(s.inputs["stringData"].values()) == {"[secret]"} for s in secrets.values())
+    assert set(secrets["spotray-storage"].inputs["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
     everything = json.dumps(minio.to_dict("dev"))
     assert "generated-" not in everything  # no generated password anywhere in the plan
     chart = minio.named("minio-chart")

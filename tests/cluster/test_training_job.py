@@ -3,31 +3,10 @@
 import pytest
 import yaml
 
-from infra.config import from_values
 from infra.plan import plan
+from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
 from training.errors import ConfigError
-
-AWS = {
-    "network": {"availabilityZones": ["us-west-2a", "us-west-2b"]},
-    "kubernetes": {"publicAccessCidrs": ["203.0.113.0/24"]},
-    "gpuPools": [{"name": "a10g-spot", "families": ["g5"]}],
-}
-IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:3f2a1c"
-
-
-@pytest.fixture
-def project(tmp_path):
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
-        "run": {"name": "gpt-small"}, "data": {"path": "s3://spotray-dev/spotray/data"},
-        "checkpoint": {"path": "s3://spotray-dev/spotray/ckpt"}, "scaling": {"num_workers": 2, "use_gpu": True}}))
-    return tmp_path
-
-
-def stack(project, backend="minio", **training):
-    values = {**AWS, "storage": {"backend": backend},
-              "training": {"enabled": True, "config": "run.yaml", "image": IMAGE, **training}}
-    return from_values("spotray", "dev", values, "us-west-2", project)
 
 
 @pytest.mark.parametrize("backend", ["minio", "s3"])

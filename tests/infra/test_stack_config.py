@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from infra.config import from_values, load_stack_file
+from infra.versions import MINIO_IMAGES, Image
 from tests.conftest import REPO, STACKS
 from training.errors import ConfigError, SpotrayError
 
@@ -57,6 +58,11 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
     ({"kubernetes": {"publicAccessCidrs": ["0.0.0.0/0"]}}, "kubernetes.publicAccessCidrs", "VPN"),
     ({"kubernetes": {"version": "1.21", "publicAccessCidrs": ["203.0.113.0/24"]}}, "kubernetes.version", "newer"),
     ({"storage": {"backend": "gcs"}}, "storage.backend", "minio or s3"),
+    ({"storage": {"minioReplicas": 3}}, "storage.minioReplicas", "even number of pods, at least 4"),
+    ({"storage": {"minioImages": {"server": "bitnamilegacy/minio"}}}, "storage.minioImages.server",
+     "registry and tag"),
+    ({"storage": {"minioImages": {"console": "docker.io/bitnamilegacy/minio-console:1"}}}, "storage.minioImages",
+     "override any of"),
     ({"nodeGroups": {}}, "nodeGroups", "use only"),
     ({"network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"], "nat": 1}},
      "network", "use only"),
@@ -66,6 +72,14 @@ def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
         load(**overrides)
     assert err.value.field == f"spotray:{key}"
     assert fix in str(err.value)
+
+
+def test_minio_images_from_config_replace_only_the_ones_named():
+    mirror = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+    images = load(storage={"minioImages": {"server": f"{mirror}/bitnamilegacy/minio:2025.7.23-debian-12-r3"}}
+                  ).storage.minio_images
+    assert images["server"] == Image(mirror, "bitnamilegacy/minio", "2025.7.23-debian-12-r3")
+    assert images["client"] == MINIO_IMAGES["client"]
 
 
 def test_prod_without_deletion_protection_is_refused():

@@ -15,7 +15,8 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "recovery":
         from training.bench.recovery import run
 
-        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds)
+        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds,
+                   every=args.steps or 5)
     from training.bench.throughput import run
 
     return run(steps=args.steps or 20, preset=args.preset, workers=args.workers)

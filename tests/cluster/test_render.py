@@ -1,0 +1,128 @@
+"""``spotray render``: the stack's in-cluster objects as files, valid for the stack's Kubernetes version and the
+pinned CRDs and charts, stable across runs, and the very objects ``pulumi up`` creates."""
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from cluster.rayjob import job_settings, rayjob
+from cluster.render import render, write
+from infra.config import load_stack_file
+from infra.versions import DCGM_EXPORTER, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
+from tests.cluster.stacks import stack
+from tests.conftest import REPO
+from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
+from training.cli import main
+from training.errors import SpotrayError
+
+CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v1.7.0_ray.io_rayclusters.yaml"}
+# The pinned charts whose values.yaml ../shared holds (DCGM's is not there).
+CHART_VALUES = {KUBERAY_OPERATOR.version: "kuberay-operator-1.7.0.values.yaml",
+                NVIDIA_DEVICE_PLUGIN.version: "nvidia-device-plugin-0.20.0.values.yaml",
+                MINIO.version: "bitnami-minio-17.0.23.values.yaml"}
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory):
+    cfg = load_stack_file(REPO, "dev")
+    out = tmp_path_factory.mktemp("render") / "dev"
+    write(render(cfg), out)
+    return cfg, out
+
+
+def objects(out):
+    return {p.relative_to(out).as_posix(): yaml.safe_load(p.read_text()) for p in sorted((out / "objects").rglob("*"))
+            if p.is_file()}
+
+
+def check_valid(obj, kubernetes_version):
+    if obj["kind"] in CRDS:
+        validate_custom_resource(obj, CRDS[obj["kind"]])
+    else:
+        kubernetes_validate.validate(obj, f"{kubernetes_version}.0", strict=True)
+
+
+def test_every_object_is_valid_for_the_stacks_kubernetes_version(dev):
+    cfg, out = dev
+    found = objects(out)
+    assert {o["kind"] for o in found.values()} >= {"Namespace", "ServiceAccount", "NetworkPolicy"}
+    for obj in found.values():
+        check_valid(obj, cfg.kubernetes.version)
+
+
+def test_strict_validation_catches_a_misspelt_field(dev):
+    cfg, out = dev
+    policy = next(o for o in objects(out).values() if o["kind"] == "NetworkPolicy")
+    policy["spec"]["podSelectr"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        check_valid(policy, cfg.kubernetes.version)
+
+
+def test_one_object_per_file_named_by_namespace_kind_and_name_and_all_in_the_kustomization(dev):
+    _, out = dev
+    found = objects(out)
+    for path, obj in found.items():
+        namespace = obj["metadata"].get("namespace", "_cluster")
+        assert path == f"objects/{namespace}/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == sorted(found)
+
+
+def test_helm_releases_are_their_pinned_chart_and_values_that_exist_in_it(dev):
+    _, out = dev
+    releases = {p.parent.name: yaml.safe_load(p.read_text()) for p in (out / "helm").glob("*/release.yaml")}
+    assert set(releases) == {"kuberay-system-kuberay-operator", "kube-system-nvidia-device-plugin",
+                             "kube-system-dcgm-exporter", "spotray-minio"}
+    pins = {KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, DCGM_EXPORTER, MINIO}
+    for directory, release in releases.items():
+        chart = next(c for c in pins if release["chart"].endswith(c.name))
+        assert release["version"] == chart.version
+        values = yaml.safe_load((out / "helm" / directory / "values.yaml").read_text())
+        if chart.version in CHART_VALUES:
+            assert unknown_values_keys(values, chart_defaults(CHART_VALUES[chart.version])) == []
+    assert releases["kuberay-system-kuberay-operator"]["skipCrds"] is True
+    assert (out / "crds.txt").read_text().count("/v1.7.0/") == 3
+
+
+def test_generated_secrets_are_listed_by_key_and_never_written(dev):
+    _, out = dev
+    assert not [o for o in objects(out).values() if o["kind"] == "Secret"]
+    listed = {s["name"]: s["keys"] for s in yaml.safe_load((out / "required-secrets.yaml").read_text())["secrets"]}
+    assert listed["minio-root"] == ["root-password", "root-user"]
+    assert listed["spotray-storage"] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    assert "generated-" not in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+
+
+def test_rendering_again_gives_the_same_bytes_and_drops_objects_that_are_gone(dev, tmp_path):
+    cfg, out = dev
+    stale = out / "objects" / "spotray" / "configmap-old-run-config.yaml"
+    stale.write_text("kind: ConfigMap\n")
+    write(render(cfg), tmp_path / "again")
+    write(render(cfg), out)
+    assert not stale.exists()
+    first = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    second = {p.relative_to(tmp_path / "again"): p.read_bytes() for p in (tmp_path / "again").rglob("*") if p.is_file()}
+    assert first == second
+
+
+def test_a_directory_holding_anything_else_is_refused_and_left_alone(tmp_path):
+    (tmp_path / "notes.md").write_text("mine")
+    with pytest.raises(SpotrayError, match="not empty"):
+        write(render(load_stack_file(REPO, "existing")), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.md"]
+
+
+def test_the_training_job_rendered_is_the_one_the_builders_make_and_pulumi_deploys(project, tmp_path):
+    cfg = stack(project)
+    rendered = render(cfg)
+    job = rendered.objects["objects/spotray/rayjob-gpt-small.yaml"]
+    assert job == rayjob(cfg.training.config, job_settings(cfg))
+    write(rendered, tmp_path / "out")
+    for obj in objects(tmp_path / "out").values():
+        check_valid(obj, cfg.kubernetes.version)
+
+
+def test_the_command_renders_an_existing_cluster_stack_offline(tmp_path, capsys):
+    assert main(["render", "--stack", "existing", "--out", str(tmp_path / "out"), "--project-dir", str(REPO)]) == 0
+    assert "Helm releases" in capsys.readouterr().out
+    assert (tmp_path / "out" / "objects" / "_cluster" / "namespace-spotray.yaml").is_file()
