@@ -3,6 +3,8 @@ exporter), as components over the values builders in ``cluster/charts.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -14,22 +16,22 @@ from infra.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA
 
 
 class KubeRayOperator(pulumi.ComponentResource):
-    def __init__(self, name: str, service_monitor: bool, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, monitor_labels: Mapping[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:KubeRayOperator", name, None, opts)
         # The provider applies server-side (its default), which CRDs of this size need.
         crds = [k8s.yaml.v2.ConfigFile(f"{name}-crd-{url.rsplit('_', 1)[1].removesuffix('.yaml')}", file=url,
                                        opts=pulumi.ResourceOptions(parent=self)) for url in KUBERAY_CRDS]
         self.release = helm.release(f"{name}-chart", KUBERAY_OPERATOR, KUBERAY_NAMESPACE,
-                                    kuberay_operator_values(service_monitor),
+                                    kuberay_operator_values(monitor_labels),
                                     pulumi.ResourceOptions(parent=self, depends_on=crds), skip_crds=True)
         self.register_outputs({"release": self.release.name})
 
 
 class GpuPlumbing(pulumi.ComponentResource):
-    def __init__(self, name: str, service_monitor: bool, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, monitor_labels: Mapping[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:GpuPlumbing", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         helm.release(f"{name}-device-plugin", NVIDIA_DEVICE_PLUGIN, GPU_NAMESPACE, device_plugin_values(), child)
-        helm.release(f"{name}-dcgm-exporter", DCGM_EXPORTER, GPU_NAMESPACE, dcgm_exporter_values(service_monitor),
+        helm.release(f"{name}-dcgm-exporter", DCGM_EXPORTER, GPU_NAMESPACE, dcgm_exporter_values(monitor_labels),
                      child)
         self.register_outputs({"toleration": GPU_TOLERATION})

@@ -3,6 +3,8 @@ against the pinned chart's own ``values.yaml``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cluster.names import APP, APP_LABEL, COMPONENT_LABEL, MONITORING_NAMESPACE, TRAINING_COMPONENT, namespace_labels
 from infra.karpenter_manifests import CORE_SELECTOR, GPU_LABEL, GPU_TOLERATION
 from infra.versions import MINIO_IMAGES, Image
@@ -19,9 +21,10 @@ def minio_endpoint(namespace: str) -> str:
     return f"http://{MINIO_RELEASE}.{namespace}.svc.cluster.local:{MINIO_PORT}"
 
 
-def kuberay_operator_values(service_monitor: bool) -> dict:
-    """The operator on the core pool; its metrics scraped by Prometheus when monitoring is installed."""
-    return {"nodeSelector": CORE_SELECTOR, "metrics": {"enabled": True, "serviceMonitor": {"enabled": service_monitor}}}
+def kuberay_operator_values(monitor_labels: Mapping[str, str]) -> dict:
+    """The operator on the core pool; a ServiceMonitor with the labels Prometheus selects monitors by."""
+    return {"nodeSelector": CORE_SELECTOR, "metrics": {"enabled": True, "serviceMonitor": {
+        "enabled": True, "additionalLabels": dict(monitor_labels)}}}
 
 
 def device_plugin_values() -> dict:
@@ -29,18 +32,19 @@ def device_plugin_values() -> dict:
     return {"nodeSelector": {GPU_LABEL: "true"}, "tolerations": [GPU_TOLERATION]}
 
 
-def dcgm_exporter_values(service_monitor: bool) -> dict:
+def dcgm_exporter_values(monitor_labels: Mapping[str, str]) -> dict:
     """Per-GPU metrics (utilisation, memory, temperature, XID errors) from every GPU node."""
     return {"nodeSelector": {GPU_LABEL: "true"}, "tolerations": [GPU_TOLERATION],
-            "serviceMonitor": {"enabled": service_monitor}}
+            "serviceMonitor": {"enabled": True, "additionalLabels": dict(monitor_labels)}}
 
 
 def _image(image: Image) -> dict:
     return {"registry": image.registry, "repository": image.repository, "tag": image.tag}
 
 
-def minio_values(bucket: str, prefix: str, size_gib: int, service_monitor: bool, replicas: int = 4,
-                 images: dict[str, Image] = MINIO_IMAGES) -> dict:
+def minio_values(bucket: str, prefix: str, size_gib: int, monitor_labels: Mapping[str, str],
+                 monitoring_namespace: str = MONITORING_NAMESPACE, replicas: int = 4,
+                 images: Mapping[str, Image] = MINIO_IMAGES) -> dict:
     """Distributed MinIO on the core pool, with a disruption budget; the bucket and a training user limited to
     ``bucket/prefix/`` are created by the chart's provisioning job from Secrets, never from values."""
     if replicas < 4 or replicas % 2:
@@ -67,11 +71,11 @@ def minio_values(bucket: str, prefix: str, size_gib: int, service_monitor: bool,
             ]}],
             "usersExistingSecrets": [MINIO_USERS_SECRET],
         },
-        "metrics": {"enabled": True, "serviceMonitor": {"enabled": service_monitor}},
+        "metrics": {"enabled": True, "serviceMonitor": {"enabled": True, "labels": dict(monitor_labels)}},
         # Only training pods, MinIO's own pods (the chart always admits them) and Prometheus get in.
         "networkPolicy": {"enabled": True, "allowExternal": False, "addExternalClientAccess": False,
                           "ingressPodMatchLabels": {APP_LABEL: APP, COMPONENT_LABEL: TRAINING_COMPONENT},
-                          "ingressNSMatchLabels": namespace_labels(MONITORING_NAMESPACE)},
+                          "ingressNSMatchLabels": namespace_labels(monitoring_namespace)},
     }
     if any(not i.repository.startswith("bitnami/") for i in images.values()):
         values["global"] = {"security": {"allowInsecureImages": True}}  # the chart only trusts bitnami/* images

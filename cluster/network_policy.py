@@ -10,7 +10,7 @@ from cluster.rayjob import METRICS_PORTS
 RAY_NODE_LABEL = "ray.io/is-ray-node"  # KubeRay puts it on every head and worker pod
 
 
-def ray_head_policy(namespace: str) -> dict:
+def ray_head_policy(namespace: str, monitoring_namespace: str = MONITORING_NAMESPACE) -> dict:
     metrics = [{"protocol": "TCP", "port": p["name"]} for p in METRICS_PORTS["head"]]
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -23,7 +23,7 @@ def ray_head_policy(namespace: str) -> dict:
                 {"from": [{"podSelector": {"matchLabels": {RAY_NODE_LABEL: "yes"}}},
                           {"podSelector": {"matchLabels": {APP_LABEL: APP}}}]},
                 {"from": [from_namespace(KUBERAY_NAMESPACE)], "ports": [{"protocol": "TCP", "port": "dashboard"}]},
-                {"from": [from_namespace(MONITORING_NAMESPACE)], "ports": metrics},
+                {"from": [from_namespace(monitoring_namespace)], "ports": metrics},
             ],
         },
     }

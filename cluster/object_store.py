@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
-import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from cluster.charts import (
@@ -18,8 +17,9 @@ from cluster.charts import (
     minio_user_entry,
     minio_values,
 )
+from cluster.secrets import generated_secret
 from infra import helm
-from infra.config import StorageConfig
+from infra.config import MonitoringConfig, StorageConfig
 from infra.versions import MINIO
 
 
@@ -28,7 +28,7 @@ class ObjectStoreArgs:
     namespace: str
     bucket: str
     storage: StorageConfig  # prefix, pod count, volume size, images
-    service_monitor: bool
+    monitoring: MonitoringConfig  # the labels its ServiceMonitor needs, and who may scrape it
 
 
 class MinioObjectStore(pulumi.ComponentResource):
@@ -39,24 +39,20 @@ class MinioObjectStore(pulumi.ComponentResource):
         access_key = random.RandomPassword(f"{name}-training-access-key", length=20, special=False, opts=child)
         secret_key = random.RandomPassword(f"{name}-training-secret-key", length=40, special=False, opts=child)
         secrets = [
-            _secret(f"{name}-root", MINIO_ROOT_SECRET, args.namespace,
+            generated_secret(f"{name}-root", MINIO_ROOT_SECRET, args.namespace,
                     {"root-user": "admin", "root-password": root_password.result}, child),
-            _secret(f"{name}-users", MINIO_USERS_SECRET, args.namespace,
+            generated_secret(f"{name}-users", MINIO_USERS_SECRET, args.namespace,
                     {"training": pulumi.Output.all(access_key.result, secret_key.result).apply(
                         lambda keys: minio_user_entry(*keys))}, child),
-            _secret(f"{name}-training", STORAGE_SECRET, args.namespace,
+            generated_secret(f"{name}-training", STORAGE_SECRET, args.namespace,
                     {"AWS_ACCESS_KEY_ID": access_key.result, "AWS_SECRET_ACCESS_KEY": secret_key.result},
                     child),
         ]
         store = args.storage
-        values = minio_values(args.bucket, store.prefix, store.minio_size_gib, args.service_monitor,
-                              replicas=store.minio_replicas, images=store.minio_images)
+        values = minio_values(args.bucket, store.prefix, store.minio_size_gib, args.monitoring.selector_labels,
+                              args.monitoring.namespace, replicas=store.minio_replicas, images=store.minio_images)
         release = helm.release(f"{name}-chart", MINIO, args.namespace, values,
                                pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=MINIO_RELEASE)
         self.endpoint = minio_endpoint(args.namespace)
         self.register_outputs({"release": release.name})
 
-
-def _secret(name: str, secret_name: str, namespace: str, data: dict, opts: pulumi.ResourceOptions):
-    return k8s.core.v1.Secret(name, metadata={"name": secret_name, "namespace": namespace}, type="Opaque",
-                              string_data={k: pulumi.Output.secret(v) for k, v in data.items()}, opts=opts)

@@ -24,7 +24,7 @@ from infra.plan import SECRET, Plan, PlannedResource, plan
 from infra.versions import KUBERAY_CRDS
 from training.errors import SpotrayError
 
-LAYER_PREFIX = "spotray:cluster:"
+LAYERS = ("spotray:cluster:", "spotray:monitoring:")
 _HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 _SECRET = "kubernetes:core/v1:Secret"
 _MARKER = "# Rendered by `spotray render`"
@@ -85,13 +85,13 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
 
 
 def _layer(result: Plan) -> list[PlannedResource]:
-    """Kubernetes resources under a ``spotray:cluster:*`` component (CRDs, applied as files, are not resources)."""
+    """Kubernetes resources under an in-cluster component (CRDs, applied as files, are not resources)."""
     by_urn = {r.urn: r for r in result.resources}
 
     def in_layer(r: PlannedResource) -> bool:
         while r.parent_urn:
             r = by_urn[r.parent_urn]
-            if r.type.startswith(LAYER_PREFIX):
+            if r.type.startswith(LAYERS):
                 return True
         return False
 

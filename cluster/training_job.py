@@ -15,14 +15,15 @@ class TrainingNamespace(pulumi.ComponentResource):
     """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket, and
     its NetworkPolicy keeps every Ray head in it closed to all but Ray pods, KubeRay and Prometheus."""
 
-    def __init__(self, name: str, namespace: str, service_account: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, namespace: str, service_account: str, monitoring_namespace: str,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:TrainingNamespace", name, None, opts)
         self.namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": namespace},
                                                opts=pulumi.ResourceOptions(parent=self))
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account", metadata={"name": service_account, "namespace": namespace},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
-        policy = ray_head_policy(namespace)
+        policy = ray_head_policy(namespace, monitoring_namespace)
         k8s.networking.v1.NetworkPolicy(f"{name}-ray-head-policy", metadata=policy["metadata"], spec=policy["spec"],
                                         opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
         self.register_outputs({"namespace": namespace})

@@ -16,12 +16,13 @@ from typing import Any
 
 import yaml
 
+from cluster.names import MONITORING_NAMESPACE
 from infra.versions import MINIO_IMAGES, Image
 from training.errors import ConfigError, SpotrayError
 
 NAMESPACE = "spotray"
 KEYS = ("environment", "platform", "network", "kubernetes", "corePool", "gpuPools", "storage", "tags", "protect",
-        "kubeconfig", "training")
+        "kubeconfig", "training", "monitoring")
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
 # NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
@@ -236,6 +237,42 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class MonitoringConfig:
+    """``install``: kube-prometheus-stack in the stack; ``existing``: monitors for a Prometheus already there,
+    which selects them by ``selector_labels``."""
+
+    mode: str = "install"
+    release: str = "kube-prometheus-stack"  # the Helm release name; its ``release`` label selects monitors
+    namespace: str = MONITORING_NAMESPACE
+    retention_days: int = 15
+    storage_gib: int = 50
+    selector_labels: Mapping[str, str] = field(default_factory=dict)  # default: {"release": release}
+
+    def __post_init__(self):
+        _require(self.mode in ("install", "existing"), "monitoring.mode", f"is {self.mode!r}",
+                 "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
+        _require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "monitoring.release",
+                 f"{self.release!r} is not a Helm release name", "use at most 53 lowercase letters, digits and '-'")
+        _require(self.retention_days >= 1, "monitoring.retentionDays", f"is {self.retention_days}", "use at least 1")
+        _require(self.storage_gib >= 1, "monitoring.storageGiB", f"is {self.storage_gib}", "use at least 1")
+        if not self.selector_labels:
+            object.__setattr__(self, "selector_labels", {"release": self.release})
+
+
+def _monitoring_config(raw: dict) -> MonitoringConfig:
+    _no_unknown(raw, {"mode", "release", "namespace", "retentionDays", "storageGiB", "selectorLabels"}, "monitoring")
+    d = MonitoringConfig
+    return MonitoringConfig(
+        mode=raw.get("mode", d.mode),
+        release=raw.get("release", d.release), namespace=raw.get("namespace", d.namespace),
+        retention_days=_int(raw.get("retentionDays", d.retention_days), "monitoring.retentionDays"),
+        storage_gib=_int(raw.get("storageGiB", d.storage_gib), "monitoring.storageGiB"),
+        selector_labels={str(k): str(v) for k, v in _section(raw.get("selectorLabels"), "monitoring.selectorLabels")
+                         .items()},
+    )
+
+
+@dataclass(frozen=True)
 class TrainingConfig:
     """The training RayJob ``pulumi up`` deploys when ``enabled``: its run config (a file of the project) and the
     cluster resources of each worker."""
@@ -298,6 +335,7 @@ class StackConfig:
     protect: bool = False  # deletion protection and retain-on-delete for stateful resources
     kubeconfig: Any = None  # existing platform: a kubeconfig (a secret Output, or str); else $KUBECONFIG
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
 
     def __post_init__(self):
         _require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
@@ -364,6 +402,7 @@ def from_values(project: str, stack: str, values: Mapping[str, Any], region: str
         kubeconfig=values.get("kubeconfig"),
         training=_training(_section(values.get("training"), "training"), project_dir,
                            aws_sections.get("gpu_pools", ())),
+        monitoring=_monitoring_config(_section(values.get("monitoring"), "monitoring")),
         **aws_sections,
     )
 

@@ -19,6 +19,7 @@ from infra.network import Network, NetworkArgs
 from infra.nodes import CoreNodes, CoreNodesArgs
 from infra.registry import ImageRepository, ImageRepositoryArgs
 from infra.storage import BucketArgs, CheckpointBucket
+from monitoring.stack import MonitoringStack
 
 
 def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
@@ -49,19 +50,24 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
 
 def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> None:
-    """The layers every stack installs into Kubernetes: KubeRay, GPU plumbing, the training namespace, MinIO
-    when it is the store, and the training job when it is enabled."""
+    """The layers every stack installs into Kubernetes: monitoring (or monitors for the Prometheus already there),
+    KubeRay, GPU plumbing, the training namespace, MinIO when it is the store, and the training job when enabled.
+    """
+    monitoring = cfg.monitoring
+    if monitoring.mode == "install":  # its CRDs come first: every add-on below brings a ServiceMonitor
+        depends_on = [*depends_on, MonitoringStack("monitoring", monitoring, opts=pulumi.ResourceOptions(
+            providers=[provider], depends_on=depends_on))]
     opts = pulumi.ResourceOptions(providers=[provider], depends_on=depends_on)
-    # ServiceMonitors need the Prometheus operator's CRDs, which the monitoring layer does not install yet.
-    kuberay = KubeRayOperator("kuberay", service_monitor=False, opts=opts)
-    GpuPlumbing("gpu", service_monitor=False, opts=opts)
-    namespace = TrainingNamespace("training", TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, opts=opts)
+    labels = monitoring.selector_labels
+    kuberay = KubeRayOperator("kuberay", labels, opts=opts)
+    GpuPlumbing("gpu", labels, opts=opts)
+    namespace = TrainingNamespace("training", TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, monitoring.namespace,
+                                  opts=opts)
     ready = [namespace, kuberay]
-    minio = cfg.storage.backend == "minio"
-    if minio:
-        ready.append(MinioObjectStore("minio", ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage,
-                                                               service_monitor=False),
-                                      opts=pulumi.ResourceOptions(providers=[provider], depends_on=[namespace])))
+    if cfg.storage.backend == "minio":
+        store = ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage, monitoring)
+        ready.append(MinioObjectStore("minio", store, opts=pulumi.ResourceOptions(
+            providers=[provider], depends_on=[*depends_on, namespace])))
     if cfg.training.enabled:
         TrainingJob("training-job", cfg.training.config, job_settings(cfg),
                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=ready))

@@ -44,4 +44,6 @@ MINIO_IMAGES = {
     "client": Image("docker.io", "bitnamilegacy/minio-client", "2025.7.21-debian-12-r2"),
     "os-shell": Image("docker.io", "bitnamilegacy/os-shell", "12-debian-12-r50"),
 }
+KUBE_PROMETHEUS_STACK = Chart("kube-prometheus-stack", "https://prometheus-community.github.io/helm-charts",
+                              "88.5.3")
 DCGM_EXPORTER = Chart("dcgm-exporter", "https://nvidia.github.io/dcgm-exporter/helm-charts", "3.4.2")

@@ -9,11 +9,12 @@ from cluster.charts import (
 from infra.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
 
-LEGACY = minio_values("spotray-dev", "spotray", 100, service_monitor=True)
+MONITOR_LABELS = {"release": "kube-prometheus-stack"}
+LEGACY = minio_values("spotray-dev", "spotray", 100, MONITOR_LABELS)
 
 
 @pytest.mark.parametrize(("values", "chart"), [
-    (kuberay_operator_values(True), "kuberay-operator-1.7.0.values.yaml"),
+    (kuberay_operator_values(MONITOR_LABELS), "kuberay-operator-1.7.0.values.yaml"),
     (device_plugin_values(), "nvidia-device-plugin-0.20.0.values.yaml"),
     (LEGACY, "bitnami-minio-17.0.23.values.yaml"),
 ])
@@ -32,7 +33,7 @@ def test_minio_is_distributed_persistent_disruption_bounded_and_on_the_core_pool
     assert LEGACY["persistence"] == {"enabled": True, "size": "100Gi"}
     assert LEGACY["pdb"]["create"] is True and LEGACY["nodeSelector"] == {"spotray.dev/pool": "core"}
     with pytest.raises(ValueError, match="even number of pods >= 4"):
-        minio_values("b", "p", 10, False, replicas=3)
+        minio_values("b", "p", 10, MONITOR_LABELS, replicas=3)
 
 
 def test_minio_credentials_never_appear_in_values():
@@ -46,7 +47,7 @@ def test_legacy_images_need_and_get_the_insecure_images_switch_and_bitnami_ones_
     assert LEGACY["image"]["repository"] == "bitnamilegacy/minio"
     assert LEGACY["global"]["security"]["allowInsecureImages"] is True
     bitnami = {k: Image("docker.io", f"bitnami/{k}", "t") for k in ("server", "client", "os-shell")}
-    assert "global" not in minio_values("b", "p", 10, False, images=bitnami)
+    assert "global" not in minio_values("b", "p", 10, MONITOR_LABELS, images=bitnami)
 
 
 def test_the_training_user_may_use_only_its_prefix():

@@ -8,8 +8,10 @@ import pytest
 
 from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
-from infra.config import StorageConfig
+from infra.config import MonitoringConfig, StorageConfig
 from infra.plan import run_mocked
+
+LABELS = {"release": "kube-prometheus-stack"}
 
 
 def under_provider(build):
@@ -24,7 +26,7 @@ def releases(plan) -> dict[str, dict]:
 
 
 def test_kuberay_crds_are_applied_before_the_chart_which_skips_its_own():
-    plan = under_provider(lambda p: KubeRayOperator("kr", False, opts=pulumi.ResourceOptions(providers=[p])))
+    plan = under_provider(lambda p: KubeRayOperator("kr", LABELS, opts=pulumi.ResourceOptions(providers=[p])))
     crds = plan.of_type("kubernetes:yaml/v2:ConfigFile")
     assert sorted(c.inputs["file"].rsplit("/", 1)[1] for c in crds) == [
         "ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml"]
@@ -36,7 +38,7 @@ def test_kuberay_crds_are_applied_before_the_chart_which_skips_its_own():
 
 
 def test_gpu_plumbing_reaches_tainted_gpu_nodes():
-    plan = under_provider(lambda p: GpuPlumbing("gpu", False, opts=pulumi.ResourceOptions(providers=[p])))
+    plan = under_provider(lambda p: GpuPlumbing("gpu", LABELS, opts=pulumi.ResourceOptions(providers=[p])))
     for values in (r["values"] for r in releases(plan).values()):
         assert values["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert values["nodeSelector"] == {"spotray.dev/gpu": "true"}
@@ -44,7 +46,7 @@ def test_gpu_plumbing_reaches_tainted_gpu_nodes():
 
 @pytest.fixture(scope="module")
 def minio():
-    args = ObjectStoreArgs("spotray", "spotray-t", StorageConfig(minio_size_gib=50), service_monitor=False)
+    args = ObjectStoreArgs("spotray", "spotray-t", StorageConfig(minio_size_gib=50), MonitoringConfig())
     return under_provider(lambda p: MinioObjectStore("minio", args, opts=pulumi.ResourceOptions(providers=[p])))
 
 

@@ -8,7 +8,7 @@ import yaml
 from cluster.rayjob import job_settings, rayjob
 from cluster.render import render, write
 from infra.config import load_stack_file
-from infra.versions import DCGM_EXPORTER, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
+from infra.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
 from tests.cluster.stacks import stack
 from tests.conftest import REPO
 from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
@@ -19,7 +19,8 @@ CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v
 # The pinned charts whose values.yaml ../shared holds (DCGM's is not there).
 CHART_VALUES = {KUBERAY_OPERATOR.version: "kuberay-operator-1.7.0.values.yaml",
                 NVIDIA_DEVICE_PLUGIN.version: "nvidia-device-plugin-0.20.0.values.yaml",
-                MINIO.version: "bitnami-minio-17.0.23.values.yaml"}
+                MINIO.version: "bitnami-minio-17.0.23.values.yaml",
+                KUBE_PROMETHEUS_STACK.version: "kube-prometheus-stack-88.5.3.values.yaml"}
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,8 @@ def test_helm_releases_are_their_pinned_chart_and_values_that_exist_in_it(dev):
     _, out = dev
     releases = {p.parent.name: yaml.safe_load(p.read_text()) for p in (out / "helm").glob("*/release.yaml")}
     assert set(releases) == {"kuberay-system-kuberay-operator", "kube-system-nvidia-device-plugin",
-                             "kube-system-dcgm-exporter", "spotray-minio"}
-    pins = {KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, DCGM_EXPORTER, MINIO}
+                             "kube-system-dcgm-exporter", "spotray-minio", "monitoring-kube-prometheus-stack"}
+    pins = {KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, DCGM_EXPORTER, MINIO, KUBE_PROMETHEUS_STACK}
     for directory, release in releases.items():
         chart = next(c for c in pins if release["chart"].endswith(c.name))
         assert release["version"] == chart.version
@@ -90,6 +91,7 @@ def test_generated_secrets_are_listed_by_key_and_never_written(dev):
     listed = {s["name"]: s["keys"] for s in yaml.safe_load((out / "required-secrets.yaml").read_text())["secrets"]}
     assert listed["minio-root"] == ["root-password", "root-user"]
     assert listed["spotray-storage"] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+    assert listed["grafana-admin"] == ["admin-password", "admin-user"]
     assert "generated-" not in "".join(p.read_text() for p in out.rglob("*") if p.is_file())
 
 

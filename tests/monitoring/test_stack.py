@@ -1,0 +1,106 @@
+"""kube-prometheus-stack and the monitors of every add-on: one selector, set once in the stack config."""
+
+import json
+
+import pytest
+
+from infra.config import MonitoringConfig, from_values
+from infra.plan import plan
+from monitoring.values import kube_prometheus_stack_values
+from tests.schemas import chart_defaults, unknown_values_keys
+from training.errors import ConfigError
+
+KPS_VALUES = "kube-prometheus-stack-88.5.3.values.yaml"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def releases(result) -> dict[str, dict]:
+    return {r.inputs["name"]: r.inputs for r in result.of_type(RELEASE)}
+
+
+# Where each add-on chart keeps the labels of its ServiceMonitor.
+MONITOR_LABELS = {"kuberay-operator": ("metrics", "serviceMonitor", "additionalLabels"),
+                  "dcgm-exporter": ("serviceMonitor", "additionalLabels"),
+                  "minio": ("metrics", "serviceMonitor", "labels")}
+
+
+def monitor_labels(values_by_release: dict[str, dict]) -> dict[str, dict]:
+    found = {}
+    for release, path in MONITOR_LABELS.items():
+        if release in values_by_release:
+            value = values_by_release[release]
+            for key in path:
+                value = value[key]
+            found[release] = value
+    return found
+
+
+def test_every_value_set_exists_in_the_pinned_chart():
+    assert unknown_values_keys(kube_prometheus_stack_values(MonitoringConfig()), chart_defaults(KPS_VALUES)) == []
+
+
+def test_prometheus_keeps_the_configured_retention_on_its_own_volume_on_the_core_pool():
+    spec = kube_prometheus_stack_values(MonitoringConfig(retention_days=30, storage_gib=200))["prometheus"][
+        "prometheusSpec"]
+    assert spec["retention"] == "30d"
+    assert spec["storageSpec"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "200Gi"
+    assert spec["nodeSelector"] == {"spotray.dev/pool": "core"}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "existing"])
+def test_every_add_on_monitor_carries_the_label_the_installed_release_selects(stack_plans, stack):
+    cfg, result = stack_plans[stack]
+    found = releases(result)
+    kps = found[cfg.monitoring.release]
+    assert kps["chart"] == "kube-prometheus-stack" and kps["namespace"] == "monitoring"
+    selector = kps["values"]["prometheus"]["prometheusSpec"]["serviceMonitorSelector"]["matchLabels"]
+    assert selector == {"release": kps["name"]}  # the chart's own convention: the release's name
+    labels = monitor_labels({name: inputs["values"] for name, inputs in found.items()})
+    assert set(labels) >= {"kuberay-operator", "dcgm-exporter"}
+    assert ("minio" in labels) == (cfg.storage.backend == "minio")
+    assert all(value == selector for value in labels.values()), labels
+
+
+def test_the_add_ons_wait_for_the_monitoring_crds(stack_plans):
+    _, result = stack_plans["dev"]
+    for component in ("kuberay", "gpu", "minio"):  # their children register only once they are ready
+        assert "monitoring-chart" in result.named(component).depends_on, component
+
+
+def test_grafanas_admin_password_is_generated_into_a_secret_and_never_shown(stack_plans):
+    _, result = stack_plans["dev"]
+    secret = next(r for r in result.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"]["name"] ==
+                  "grafana-admin")
+    assert secret.inputs["stringData"] == {"admin-user": "[secret]", "admin-password": "[secret]"}
+    assert releases(result)["kube-prometheus-stack"]["values"]["grafana"]["admin"]["existingSecret"] == \
+        "grafana-admin"
+    assert "generated-" not in json.dumps(result.to_dict("dev"))
+
+
+def test_an_existing_prometheus_gets_monitors_with_its_selector_and_nothing_installed():
+    cfg = from_values("spotray", "existing", {
+        "platform": "existing", "environment": "dev", "kubeconfig": "{}",
+        "monitoring": {"mode": "existing", "namespace": "observability", "selectorLabels": {"prometheus": "main"}}},
+        None)
+    result = plan(cfg)
+    assert not [r for r in result.resources if r.type == "spotray:monitoring:MonitoringStack"]
+    found = {name: inputs["values"] for name, inputs in releases(result).items()}
+    labels = monitor_labels(found)
+    assert len(labels) == 3 and all(value == {"prometheus": "main"} for value in labels.values())
+    assert found["minio"]["networkPolicy"]["ingressNSMatchLabels"] == {"kubernetes.io/metadata.name": "observability"}
+    head_policy = next(r for r in result.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy"))
+    peers = [p for rule in head_policy.inputs["spec"]["ingress"] for p in rule["from"]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}} in peers
+
+
+@pytest.mark.parametrize(("monitoring", "key"), [
+    ({"mode": "grafana-cloud"}, "monitoring.mode"),
+    ({"release": "Kube_Prometheus"}, "monitoring.release"),
+    ({"retentionDays": 0}, "monitoring.retentionDays"),
+    ({"alerts": True}, "monitoring"),
+])
+def test_bad_monitoring_settings_name_the_key(monitoring, key):
+    with pytest.raises(ConfigError) as err:
+        from_values("spotray", "existing", {"platform": "existing", "environment": "dev", "monitoring": monitoring},
+                    None)
+    assert err.value.field == f"spotray:{key}"
