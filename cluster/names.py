@@ -14,7 +14,7 @@ _NAME_LABEL = "kubernetes.io/metadata.name"  # Kubernetes sets it on every names
 
 def from_namespace(namespace: str) -> dict:
     """A NetworkPolicy peer: every pod of ``namespace``."""
-    return {"namespaceSelector": {"matchLabels": {_NAME_LABEL: namespace}}}
+    return {"namespaceSelector": {"matchLabels": namespace_labels(namespace)}}
 
 
 def namespace_labels(namespace: str) -> dict:

@@ -49,7 +49,7 @@ class MinioObjectStore(pulumi.ComponentResource):
                     child),
         ]
         store = args.storage
-        values = minio_values(args.bucket, store.prefix, store.minio_size_gib, args.monitoring.selector_labels,
+        values = minio_values(args.bucket, store.prefix, store.minio_size_gib, args.monitoring.monitor_labels,
                               args.monitoring.namespace, replicas=store.minio_replicas, images=store.minio_images)
         release = helm.release(f"{name}-chart", MINIO, args.namespace, values,
                                pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=MINIO_RELEASE)

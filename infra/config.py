@@ -239,14 +239,14 @@ class StorageConfig:
 @dataclass(frozen=True)
 class MonitoringConfig:
     """``install``: kube-prometheus-stack in the stack; ``existing``: monitors for a Prometheus already there,
-    which selects them by ``selector_labels``."""
+    which selects them by ``monitor_labels``."""
 
     mode: str = "install"
     release: str = "kube-prometheus-stack"  # the Helm release name; its ``release`` label selects monitors
     namespace: str = MONITORING_NAMESPACE
     retention_days: int = 15
     storage_gib: int = 50
-    selector_labels: Mapping[str, str] = field(default_factory=dict)  # default: {"release": release}
+    selector_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         _require(self.mode in ("install", "existing"), "monitoring.mode", f"is {self.mode!r}",
@@ -255,8 +255,12 @@ class MonitoringConfig:
                  f"{self.release!r} is not a Helm release name", "use at most 53 lowercase letters, digits and '-'")
         _require(self.retention_days >= 1, "monitoring.retentionDays", f"is {self.retention_days}", "use at least 1")
         _require(self.storage_gib >= 1, "monitoring.storageGiB", f"is {self.storage_gib}", "use at least 1")
-        if not self.selector_labels:
-            object.__setattr__(self, "selector_labels", {"release": self.release})
+
+    @property
+    def monitor_labels(self) -> dict[str, str]:
+        """What every ServiceMonitor and PodMonitor carries: ``selector_labels``, or else the chart's convention,
+        the release's name under ``release``."""
+        return dict(self.selector_labels) or {"release": self.release}
 
 
 def _monitoring_config(raw: dict) -> MonitoringConfig:

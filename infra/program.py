@@ -8,7 +8,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster.addons import GpuPlumbing, KubeRayOperator
-from cluster.charts import minio_endpoint
+from cluster.charts import datasets_bucket, minio_endpoint
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, job_settings
 from cluster.training_job import TrainingJob, TrainingNamespace
@@ -45,7 +45,8 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
         bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect))
         outputs.update(storageEndpoint=f"https://s3.{cfg.region}.amazonaws.com", storageBucket=bucket.bucket_name)
     else:
-        outputs.update(storageEndpoint=minio_endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket)
+        outputs.update(storageEndpoint=minio_endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket,
+                       datasetsBucket=datasets_bucket(cfg.bucket))
     return outputs
 
 
@@ -58,7 +59,7 @@ def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulum
         depends_on = [*depends_on, MonitoringStack("monitoring", monitoring, opts=pulumi.ResourceOptions(
             providers=[provider], depends_on=depends_on))]
     opts = pulumi.ResourceOptions(providers=[provider], depends_on=depends_on)
-    labels = monitoring.selector_labels
+    labels = monitoring.monitor_labels
     kuberay = KubeRayOperator("kuberay", labels, opts=opts)
     GpuPlumbing("gpu", labels, opts=opts)
     namespace = TrainingNamespace("training", TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, monitoring.namespace,
@@ -82,4 +83,5 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
     _in_cluster(cfg, k8s.Provider("existing", kubeconfig=kubeconfig), depends_on=[])
     minio = cfg.storage.backend == "minio"
     endpoint = minio_endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
-    return {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}
+    outputs = {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}
+    return {**outputs, "datasetsBucket": datasets_bucket(cfg.bucket)} if minio else outputs

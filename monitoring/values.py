@@ -10,8 +10,8 @@ GRAFANA_ADMIN_SECRET = "grafana-admin"  # keys admin-user, admin-password: gener
 
 def kube_prometheus_stack_values(cfg: MonitoringConfig) -> dict:
     """Prometheus, Alertmanager and the operator on the core pool; Prometheus keeps ``retention_days`` on its own
-    volume and picks up every monitor and rule, in any namespace, that carries ``cfg.selector_labels``."""
-    selector = {"matchLabels": dict(cfg.selector_labels)}
+    volume and picks up every monitor and rule, in any namespace, that carries ``cfg.monitor_labels``."""
+    selector = {"matchLabels": cfg.monitor_labels}
     return {
         "crds": {"enabled": True},
         "prometheusOperator": {"nodeSelector": CORE_SELECTOR},

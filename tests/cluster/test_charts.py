@@ -8,6 +8,7 @@ from cluster.charts import (
 )
 from infra.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
+from training.errors import ConfigError
 
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}
 LEGACY = minio_values("spotray-dev", "spotray", 100, MONITOR_LABELS)
@@ -50,8 +51,17 @@ def test_legacy_images_need_and_get_the_insecure_images_switch_and_bitnami_ones_
     assert "global" not in minio_values("b", "p", 10, MONITOR_LABELS, images=bitnami)
 
 
+def test_checkpoints_and_datasets_get_a_bucket_each_and_only_checkpoints_are_versioned():
+    assert LEGACY["provisioning"]["buckets"] == [{"name": "spotray-dev", "versioning": "Versioned"},
+                                                 {"name": "spotray-dev-datasets"}]
+    with pytest.raises(ConfigError, match="storage.bucket.*at most 54 characters"):
+        minio_values("b" * 60, "p", 10, MONITOR_LABELS)
+
+
 def test_the_training_user_may_use_only_its_prefix():
     statements = LEGACY["provisioning"]["policies"][0]["statements"]
-    assert statements[1]["resources"] == ["arn:aws:s3:::spotray-dev/spotray/*"]
+    assert statements[1]["resources"] == ["arn:aws:s3:::spotray-dev/spotray/*",
+                                          "arn:aws:s3:::spotray-dev-datasets/spotray/*"]
+    assert statements[0]["resources"] == ["arn:aws:s3:::spotray-dev", "arn:aws:s3:::spotray-dev-datasets"]
     assert statements[0]["condition"] == {"StringLike": {"s3:prefix": ["spotray/*"]}}
     assert "policies=spotray-training" in minio_user_entry("ak", "sk")
