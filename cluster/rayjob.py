@@ -8,7 +8,7 @@ each worker's Ray resources equal its container's, so Ray never hands out a GPU 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -96,7 +96,9 @@ def job_name(cfg: TrainConfig) -> str:
 
 
 def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
-    """The training config the job's entrypoint reads, mounted into the head."""
+    """The training config the job's entrypoint reads, mounted into the head. Every pod gets the storage
+    credentials and env.forward variables from Secrets, so the driver does not copy them again."""
+    cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{job_name(cfg)}-config", "namespace": settings.namespace},
             "data": {CONFIG_FILE: yaml.safe_dump(cfg.to_dict(), sort_keys=True)}}

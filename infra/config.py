@@ -237,6 +237,34 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class AlertThresholds:
+    """When the training alerts fire (``spotray:monitoring.alerts``)."""
+
+    stalled_minutes: int = 15  # no step progress
+    checkpoint_minutes: int = 60  # no committed checkpoint
+    goodput_below: float = 0.7  # for 30 minutes
+    preemptions_per_hour: int = 5
+    gpu_utilization_below: float = 20.0  # percent, for 15 minutes while a run reports
+
+    def __post_init__(self):
+        for key in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour"):
+            _require(getattr(self, key) >= 1, f"monitoring.alerts.{_camel(key)}", f"is {getattr(self, key)}",
+                     "use at least 1")
+        _require(0 < self.goodput_below < 1, "monitoring.alerts.goodputBelow", f"is {self.goodput_below}",
+                 "use a fraction between 0 and 1, e.g. 0.7")
+        _require(0 < self.gpu_utilization_below <= 100, "monitoring.alerts.gpuUtilizationBelow",
+                 f"is {self.gpu_utilization_below}", "use a percentage, e.g. 20")
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+CAPACITY_TYPES = ("spot", "on-demand")
+
+
+@dataclass(frozen=True)
 class MonitoringConfig:
     """``install``: kube-prometheus-stack in the stack; ``existing``: monitors for a Prometheus already there,
     which selects them by ``monitor_labels``."""
@@ -247,8 +275,16 @@ class MonitoringConfig:
     retention_days: int = 15
     storage_gib: int = 50
     selector_labels: Mapping[str, str] = field(default_factory=dict)
+    alerts: AlertThresholds = field(default_factory=AlertThresholds)
+    # USD per GPU-hour by Karpenter capacity type; the training dashboard shows the GPU pools' cost rate if set.
+    gpu_hour_price_usd: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
+        for capacity, price in self.gpu_hour_price_usd.items():
+            _require(capacity in CAPACITY_TYPES, "monitoring.gpuHourPriceUsd", f"has {capacity!r}",
+                     f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
+            _require(isinstance(price, int | float) and not isinstance(price, bool) and price > 0,
+                     f"monitoring.gpuHourPriceUsd.{capacity}", f"is {price!r}", "use a positive number of USD")
         _require(self.mode in ("install", "existing"), "monitoring.mode", f"is {self.mode!r}",
                  "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
         _require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "monitoring.release",
@@ -264,7 +300,8 @@ class MonitoringConfig:
 
 
 def _monitoring_config(raw: dict) -> MonitoringConfig:
-    _no_unknown(raw, {"mode", "release", "namespace", "retentionDays", "storageGiB", "selectorLabels"}, "monitoring")
+    _no_unknown(raw, {"mode", "release", "namespace", "retentionDays", "storageGiB", "selectorLabels", "alerts",
+                      "gpuHourPriceUsd"}, "monitoring")
     d = MonitoringConfig
     return MonitoringConfig(
         mode=raw.get("mode", d.mode),
@@ -273,7 +310,21 @@ def _monitoring_config(raw: dict) -> MonitoringConfig:
         storage_gib=_int(raw.get("storageGiB", d.storage_gib), "monitoring.storageGiB"),
         selector_labels={str(k): str(v) for k, v in _section(raw.get("selectorLabels"), "monitoring.selectorLabels")
                          .items()},
+        alerts=_alert_thresholds(_section(raw.get("alerts"), "monitoring.alerts")),
+        gpu_hour_price_usd=_section(raw.get("gpuHourPriceUsd"), "monitoring.gpuHourPriceUsd"),
     )
+
+
+def _alert_thresholds(raw: dict) -> AlertThresholds:
+    fields = ("stalled_minutes", "checkpoint_minutes", "goodput_below", "preemptions_per_hour", "gpu_utilization_below")
+    _no_unknown(raw, {_camel(f) for f in fields}, "monitoring.alerts")
+    for key in ("goodputBelow", "gpuUtilizationBelow"):
+        _require(not isinstance(raw.get(key, 1), bool) and isinstance(raw.get(key, 1), int | float),
+                 f"monitoring.alerts.{key}", f"must be a number, got {raw.get(key)!r}", "set a number")
+    counts = {f: _int(raw[_camel(f)], f"monitoring.alerts.{_camel(f)}", minimum=1)
+              for f in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour") if _camel(f) in raw}
+    numbers = {f: float(raw[_camel(f)]) for f in ("goodput_below", "gpu_utilization_below") if _camel(f) in raw}
+    return AlertThresholds(**counts, **numbers)
 
 
 @dataclass(frozen=True)

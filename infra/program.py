@@ -19,6 +19,7 @@ from infra.network import Network, NetworkArgs
 from infra.nodes import CoreNodes, CoreNodesArgs
 from infra.registry import ImageRepository, ImageRepositoryArgs
 from infra.storage import BucketArgs, CheckpointBucket
+from monitoring.objects import MonitoringObjects
 from monitoring.stack import MonitoringStack
 
 
@@ -64,6 +65,8 @@ def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulum
     GpuPlumbing("gpu", labels, opts=opts)
     namespace = TrainingNamespace("training", TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, monitoring.namespace,
                                   opts=opts)
+    MonitoringObjects("monitors", monitoring, TRAINING_NAMESPACE, opts=pulumi.ResourceOptions(
+        providers=[provider], depends_on=[*depends_on, namespace]))
     ready = [namespace, kuberay]
     if cfg.storage.backend == "minio":
         store = ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage, monitoring)

@@ -63,6 +63,7 @@ class CommittedCheckpoint:
     location: Location
     world_size: int
     files: dict
+    committed_at: float  # UNIX time of its commit marker
 
     @property
     def url(self) -> str:
@@ -320,7 +321,8 @@ class Checkpointer:
             log.warning("checkpoint of step %d committed: storage is back after %d failed saves", step,
                         self._consecutive_failures)
         self._failing_since, self._consecutive_failures = None, 0
-        self.last_committed = CommittedCheckpoint(step, self.root.child(_step_dir_name(step)), self.world_size, {})
+        self.last_committed = CommittedCheckpoint(step, self.root.child(_step_dir_name(step)), self.world_size, {},
+                                                  time.time())
         return self.last_committed
 
     def _failed(self, step: int, exc: BaseException) -> None:
@@ -444,7 +446,8 @@ def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoin
                 log.warning("skipping checkpoint %s: no valid %s (partial or interrupted save)",
                             location.url, COMMIT_MARKER)
             continue
-        found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"]))
+        found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"],
+                                         float(marker.get("committed_at", 0.0))))
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 

@@ -155,8 +155,13 @@ class FaultToleranceSection:
 @dataclass(frozen=True)
 class EnvSection:
     forward: list = field(default_factory=list)  # names of driver variables copied to every worker
+    # True where every Ray node already has the storage credentials and the env.forward variables (the RayJob's
+    # pods get them from Secrets): nothing is then copied, because a runtime_env with env_vars makes Ray start
+    # fresh worker processes on every restart instead of reusing its idle ones.
+    on_nodes: bool = False
 
     def __post_init__(self):
+        _require(isinstance(self.on_nodes, bool), "env.on_nodes", f"must be true or false, got {self.on_nodes!r}")
         for name in self.forward:
             _require(isinstance(name, str) and name.replace("_", "").isalnum(), "env.forward",
                      f"{name!r} is not an environment variable name", "list names like WANDB_API_KEY, not values")

@@ -50,10 +50,9 @@ def read_status(root: Location, attempt_id: str) -> dict | None:
 class LiveGoodput:
     """Goodput while training: productive seconds of earlier attempts' kept steps, plus this attempt's."""
 
-    def __init__(self, root: Location, from_step: int):
-        self.run_started = ledger.run_started_at(root) or time.time()
-        kept = ledger.lineage(root)
-        self.prior_productive = sum(r.seconds for step, r in kept.items() if step <= from_step)
+    def __init__(self, history: Account, from_step: int):
+        self.run_started = history.started_at
+        self.prior_productive = sum(r.seconds for step, r in history.kept.items() if step <= from_step)
 
     def __call__(self, productive_this_attempt: float) -> float:
         elapsed = time.time() - self.run_started
@@ -69,6 +68,7 @@ class Event:
     lost_steps: int
     recovery_s: float | None  # interruption -> first step of the next attempt
     resumed_from: int
+    interrupted_at: float  # UNIX time
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "step": self.step, "lost_steps": self.lost_steps,
@@ -81,6 +81,8 @@ class Account:
     seconds: dict[str, float]
     total_s: float
     events: list[Event]
+    started_at: float  # UNIX time the run started
+    kept: dict[int, ledger.StepRecord]  # the final model's history so far (``ledger.lineage``)
 
     @property
     def goodput(self) -> float:
@@ -117,14 +119,19 @@ class AttemptRecord:
         return self.status.get(key, default) if self.status else default
 
 
-def account(root: Location) -> Account:
-    """The run's time by category and its interruptions, from every attempt's records under ``root``."""
-    attempts = [AttemptRecord(a, read_status(root, a.attempt_id), ledger.read_steps(root, a.attempt_id))
+def account(root: Location, starting: str | None = None) -> Account:
+    """The run's time by category and its interruptions, from every attempt's records under ``root``.
+
+    ``starting``: the attempt now starting, whose own clock keeps its time: only its start counts here."""
+    attempts = [AttemptRecord(a, None if a.attempt_id == starting else read_status(root, a.attempt_id),
+                              {} if a.attempt_id == starting else ledger.read_steps(root, a.attempt_id))
                 for a in ledger.read_attempts(root)]
     if not attempts:
-        return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [])
+        return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [], ledger.run_started_at(root) or time.time(), {})
     started = ledger.run_started_at(root) or attempts[0].info.started_at
-    kept = ledger.lineage(root)
+    kept: dict[int, ledger.StepRecord] = {}
+    for a in attempts:  # as ledger.lineage, without reading every record again: later attempts win
+        kept.update(a.steps)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     seconds["productive"] = sum(r.seconds for r in kept.values())
     seconds["wasted"] = sum(r.seconds for a in attempts for step, r in a.steps.items()
@@ -140,7 +147,7 @@ def account(root: Location) -> Account:
     total = max(a.last_seen for a in attempts) - started
     seconds["other"] = max(0.0, total - sum(seconds.values()))
     events = [interruption(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
-    return Account(seconds, total, events)
+    return Account(seconds, total, events, started, kept)
 
 
 def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
@@ -151,4 +158,5 @@ def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
     step = notice["step"] if notice else prev.last_step
     resumed_at = cur.status_of("first_step_at", None)
     recovery = resumed_at - interrupted_at if resumed_at else None
-    return Event(kind, step, max(0, prev.last_step - cur.info.from_step), recovery, cur.info.from_step)
+    return Event(kind, step, max(0, prev.last_step - cur.info.from_step), recovery, cur.info.from_step,
+                 interrupted_at)

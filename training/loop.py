@@ -280,7 +280,8 @@ def _train_steps(cfg: TrainConfig, env: WorkerEnv, t: Training, checkpointer: Ch
             timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
         if step % cfg.train.log_every == 0 or step == last_step:
             flush_logs()  # also the record of how far this attempt got, should it die before its next save
-            telemetry.logged(step, losses.losses[step], t.scheduler.get_last_lr()[0], checkpointer.failed_saves)
+            telemetry.logged(step, losses.losses[step], t.scheduler.get_last_lr()[0], checkpointer.failed_saves,
+                             checkpointer.last_committed)
         if step % cfg.checkpoint.every_steps == 0 or checkpointer.retry_due(step):
             flush_logs(durable=True)
             save()

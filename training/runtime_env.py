@@ -24,7 +24,8 @@ WORKING_DIR_EXCLUDES = ("core", "core.*", "*.core", "spotray-runs", "checkpoints
 
 def worker_runtime_env(cfg: TrainConfig) -> dict:
     """The runtime_env of every Ray Train worker."""
-    runtime_env = {"env_vars": forwarded_env(cfg.env)}
+    env_vars = {} if cfg.env.on_nodes else forwarded_env(cfg.env)
+    runtime_env = {"env_vars": env_vars} if env_vars else {}
     if cfg.runtime.working_dir:
         runtime_env.update(check_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb))
     return runtime_env

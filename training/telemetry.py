@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from training import goodput, ledger
 from training.storage import Location
+
+if TYPE_CHECKING:
+    from training.checkpoint import CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +38,14 @@ GAUGES = {
     "checkpoint_failed_saves": "failed checkpoint saves in this attempt (storage outages)",
     "emergency_checkpoint": "last preemption notice: 1 if its emergency checkpoint committed, 0 if there was no "
                             "time (the restart falls back to the last committed checkpoint) or it failed",
+    "max_steps": "the steps the run plans to train",
+    "last_step_timestamp_seconds": "UNIX time of the last logged step",
+    "checkpoint_step": "step of the newest committed checkpoint",
+    "last_checkpoint_timestamp_seconds": "UNIX time the newest checkpoint committed, or the run started if none has",
+    "recovery_seconds": "last interruption until the first step after it",
 }
+# The run's wall time since it started, by goodput.CATEGORIES (the badput breakdown), under the tag ``category``.
+TIME_GAUGE = "time_seconds"
 
 
 _TRANSPORT_ERRORS = ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
@@ -64,16 +77,34 @@ class Gauges:
         import ray
 
         self.tags = {"run": run_name}
-        self.gauges = {}
+        self.gauges, self.time = {}, None
+        self.latest: dict[str, float] = {}
         if ray.is_initialized():
             from ray.util.metrics import Gauge
 
             self.gauges = {name: Gauge(f"spotray_{name}", text, tag_keys=("run",)) for name, text in GAUGES.items()}
+            self.time = Gauge(f"spotray_{TIME_GAUGE}", "the run's wall time since it started, by category",
+                              tag_keys=("run", "category"))
 
     def set(self, **values: float | None) -> None:
-        for name, value in values.items():
-            if value is not None and self.gauges:
+        """Records the given values and exports every gauge's latest one again: Ray's exporter drops a gauge
+        that has not been set for a while, and a run's planned steps or interruptions rarely change."""
+        self.latest.update({name: value for name, value in values.items() if value is not None})
+        if self.gauges:
+            for name, value in self.latest.items():
                 self.gauges[name].set(value, tags=self.tags)
+
+    def set_time(self, seconds: dict[str, float]) -> None:
+        if self.time:
+            for category, value in seconds.items():
+                self.time.set(value, tags={**self.tags, "category": category})
+
+
+@dataclass(frozen=True)
+class Past:
+    live: goodput.LiveGoodput
+    before: dict[str, float]  # seconds by category before this attempt (``_before_this_attempt``)
+    interrupted_at: float | None  # UNIX time the previous attempt was interrupted
 
 
 class Telemetry:
@@ -86,7 +117,6 @@ class Telemetry:
         if not enabled:
             return
         self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer)
-        self.live = goodput.LiveGoodput(attempts_root, attempt.from_step)
         self.gauges = Gauges(run_name)
         self.max_steps, self.tokens_per_step = max_steps, tokens_per_step
         # MFU counts every worker's device
@@ -94,8 +124,25 @@ class Telemetry:
         self.flops_per_token = flops_per_token
         self.productive_s = 0.0
         self.window_steps, self.window_s = 0, 0.0
-        history = goodput.account(attempts_root)
-        self.gauges.set(interruptions=len(history.events), lost_steps=sum(e.lost_steps for e in history.events))
+        self.from_step, self._past = attempt.from_step, None
+        # Dozens of small reads on S3: they overlap the first step instead of delaying it.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="spotray-history")
+        self._history = pool.submit(goodput.account, attempts_root, attempt.attempt_id)
+        pool.shutdown(wait=False)  # the thread ends with the read
+        self.gauges.set(max_steps=max_steps)
+
+    def past(self) -> Past:
+        """The run before this attempt, read from the ledger (waits for the read the constructor started)."""
+        if self._past is None:
+            history = self._history.result()
+            live = goodput.LiveGoodput(history, self.from_step)
+            interrupted_at = history.events[-1].interrupted_at if history.events else None
+            self._past = Past(live, _before_this_attempt(history, live.prior_productive), interrupted_at)
+            first_step_at = self.clock.status["first_step_at"]
+            self.gauges.set(interruptions=len(history.events), lost_steps=sum(e.lost_steps for e in history.events),
+                            recovery_seconds=first_step_at - interrupted_at if first_step_at and interrupted_at
+                            else None)
+        return self._past
 
     def started(self, startup_s: float, restore_s: float) -> None:
         if not self.enabled:
@@ -113,16 +160,22 @@ class Telemetry:
         self.productive_s += seconds
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
 
-    def logged(self, step: int, loss: float, lr: float, failed_saves: int) -> None:
+    def logged(self, step: int, loss: float, lr: float, failed_saves: int,
+               last_checkpoint: CommittedCheckpoint | None) -> None:
         """At each log interval: one log line, the gauges and the attempt's status in storage."""
         if not self.enabled:
             return
         tokens_per_s = self.window_steps * self.tokens_per_step / self.window_s if self.window_s else None
         mfu = tokens_per_s * self.flops_per_token / self.peak_total if tokens_per_s and self.peak_total else None
-        live = self.live(self.productive_s)
+        past = self.past()
+        live = past.live(self.productive_s)
         self.gauges.set(step=step, loss=loss, tokens_per_second=tokens_per_s, mfu=mfu, goodput=live,
                         step_seconds=self.window_s / self.window_steps if self.window_steps else None,
-                        checkpoint_failed_saves=failed_saves)
+                        checkpoint_failed_saves=failed_saves, last_step_timestamp_seconds=time.time(),
+                        checkpoint_step=last_checkpoint.step if last_checkpoint else None,
+                        last_checkpoint_timestamp_seconds=(last_checkpoint.committed_at if last_checkpoint
+                                                           else past.live.run_started))
+        self.gauges.set_time(self._time_by_category())
         self.clock.update(step=step, loss=loss, tokens_per_s=tokens_per_s, goodput=live, failed_saves=failed_saves)
         self.clock.flush()
         self.window_steps, self.window_s = 0, 0.0
@@ -157,3 +210,23 @@ class Telemetry:
     def finished(self) -> None:
         if self.enabled:
             self.clock.flush()
+
+    def _time_by_category(self) -> dict[str, float]:
+        """Earlier attempts plus this one's clock; ``other`` is whatever else the wall time since the start held."""
+        status, past = self.clock.status, self.past()
+        seconds = dict(past.before)
+        seconds["productive"] += self.productive_s
+        for category in ("startup", "restore", "checkpoint_save"):
+            seconds[category] += status[f"{category}_s"]
+        seconds["waiting"] += status["drain_wait_s"]
+        accounted = sum(v for k, v in seconds.items() if k != "other")
+        seconds["other"] = max(0.0, time.time() - past.live.run_started - accounted)
+        return seconds
+
+
+def _before_this_attempt(history: goodput.Account, kept_productive: float) -> dict[str, float]:
+    """Earlier attempts' seconds by category; their steps past this attempt's start are wasted from now on."""
+    seconds = dict(history.seconds)
+    seconds["wasted"] += seconds["productive"] - kept_productive
+    seconds["productive"] = kept_productive
+    return seconds

@@ -6,7 +6,7 @@ import yaml
 
 from cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, rayjob
 from tests.schemas import validate_custom_resource
-from training.config import load
+from training.config import from_dict, load
 from training.errors import ConfigError
 
 RAYJOB_CRD = "kuberay-v1.7.0_ray.io_rayjobs.yaml"
@@ -112,6 +112,14 @@ def test_the_entrypoint_reads_the_config_map_mounted_on_the_head(job):
     volume = head(job)["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == cm["metadata"]["name"]
     assert yaml.safe_load(cm["data"]["train.yaml"])["scaling"]["num_workers"] == 4
+
+
+def test_the_driver_copies_no_variables_because_every_pod_gets_them_from_secrets():
+    cfg = train_config("env.forward=[WANDB_API_KEY]")
+    cm, job = config_map(cfg, SETTINGS), rayjob(cfg, SETTINGS)
+    assert from_dict(yaml.safe_load(cm["data"]["train.yaml"])).env.on_nodes is True
+    workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY"} <= {e["name"] for e in workers}
 
 
 def test_names_longer_than_kuberay_allows_are_refused():

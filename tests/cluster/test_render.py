@@ -5,17 +5,20 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cluster.rayjob import job_settings, rayjob
+from cluster.rayjob import TRAINING_NAMESPACE, job_settings, rayjob
 from cluster.render import render, write
 from infra.config import load_stack_file
 from infra.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
+from monitoring.objects import monitoring_manifests
 from tests.cluster.stacks import stack
 from tests.conftest import REPO
 from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
 from training.cli import main
 from training.errors import SpotrayError
 
-CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v1.7.0_ray.io_rayclusters.yaml"}
+CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v1.7.0_ray.io_rayclusters.yaml",
+        "PodMonitor": "prometheus-operator-v0.93.1_podmonitors.yaml",
+        "PrometheusRule": "prometheus-operator-v0.93.1_prometheusrules.yaml"}
 # The pinned charts whose values.yaml ../shared holds (DCGM's is not there).
 CHART_VALUES = {KUBERAY_OPERATOR.version: "kuberay-operator-1.7.0.values.yaml",
                 NVIDIA_DEVICE_PLUGIN.version: "nvidia-device-plugin-0.20.0.values.yaml",
@@ -49,6 +52,16 @@ def test_every_object_is_valid_for_the_stacks_kubernetes_version(dev):
     assert {o["kind"] for o in found.values()} >= {"Namespace", "ServiceAccount", "NetworkPolicy"}
     for obj in found.values():
         check_valid(obj, cfg.kubernetes.version)
+
+
+def test_every_monitoring_object_is_rendered_as_built(dev):
+    cfg, out = dev
+    found = objects(out)
+    for manifest in monitoring_manifests(cfg.monitoring, TRAINING_NAMESPACE):
+        meta = manifest["metadata"]
+        assert found[f"objects/{meta['namespace']}/{manifest['kind'].lower()}-{meta['name']}.yaml"] == manifest
+    kinds = [o["kind"] for o in found.values()]
+    assert kinds.count("PodMonitor") == 2 and kinds.count("PrometheusRule") == 1
 
 
 def test_strict_validation_catches_a_misspelt_field(dev):

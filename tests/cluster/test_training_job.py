@@ -23,7 +23,8 @@ def test_an_enabled_job_is_a_valid_rayjob_that_waits_for_kuberay_and_its_namespa
     assert spec["serviceAccountName"] == "spotray-training"
     env = {e["name"] for e in spec["containers"][0]["env"]}
     assert ("AWS_SECRET_ACCESS_KEY" in env) == (backend == "minio")  # on S3, Pod Identity instead of keys
-    config = result.of_type("kubernetes:core/v1:ConfigMap")[0].inputs
+    config = next(c.inputs for c in result.of_type("kubernetes:core/v1:ConfigMap")
+                  if c.inputs["metadata"]["name"] == "gpt-small-config")
     assert yaml.safe_load(config["data"]["train.yaml"])["run"]["name"] == "gpt-small"
 
 

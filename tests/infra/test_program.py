@@ -40,7 +40,7 @@ def test_components_use_spotray_type_tokens_and_own_their_resources(stack_plans)
     assert ours == {f"spotray:infra:{n}" for n in (
         "Network", "Cluster", "CoreNodes", "Karpenter", "ImageRepository", "CheckpointBucket")} | {
         "spotray:cluster:KubeRayOperator", "spotray:cluster:GpuPlumbing", "spotray:cluster:TrainingNamespace",
-        "spotray:monitoring:MonitoringStack"}
+        "spotray:monitoring:MonitoringStack", "spotray:monitoring:MonitoringObjects"}
     orphans = [r.name for r in plan.resources if r.custom and r.parent not in components
                and not r.type.startswith("pulumi:providers:")]
     assert orphans == []

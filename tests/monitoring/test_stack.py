@@ -67,6 +67,12 @@ def test_the_add_ons_wait_for_the_monitoring_crds(stack_plans):
         assert "monitoring-chart" in result.named(component).depends_on, component
 
 
+def test_monitors_rules_and_dashboards_wait_for_the_monitoring_crds_and_the_training_namespace(stack_plans):
+    _, result = stack_plans["dev"]
+    waits_for = result.named("monitors").depends_on
+    assert "monitoring-chart" in waits_for and "training-namespace" in waits_for
+
+
 def test_grafanas_admin_password_is_generated_into_a_secret_and_never_shown(stack_plans):
     _, result = stack_plans["dev"]
     secret = next(r for r in result.of_type("kubernetes:core/v1:Secret") if r.inputs["metadata"]["name"] ==
@@ -88,6 +94,11 @@ def test_an_existing_prometheus_gets_monitors_with_its_selector_and_nothing_inst
     labels = monitor_labels(found)
     assert len(labels) == 3 and all(value == {"prometheus": "main"} for value in labels.values())
     assert found["minio"]["networkPolicy"]["ingressNSMatchLabels"] == {"kubernetes.io/metadata.name": "observability"}
+    monitors = [r for r in result.resources if r.type == "kubernetes:monitoring.coreos.com/v1:PodMonitor"]
+    rules = [r for r in result.resources if r.type == "kubernetes:monitoring.coreos.com/v1:PrometheusRule"]
+    assert len(monitors) == 2 and len(rules) == 1
+    assert all(r.inputs["metadata"]["labels"] == {"prometheus": "main"} for r in [*monitors, *rules])
+    assert rules[0].inputs["metadata"]["namespace"] == "observability"
     head_policy = next(r for r in result.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy"))
     peers = [p for rule in head_policy.inputs["spec"]["ingress"] for p in rule["from"]]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}} in peers
@@ -97,7 +108,11 @@ def test_an_existing_prometheus_gets_monitors_with_its_selector_and_nothing_inst
     ({"mode": "grafana-cloud"}, "monitoring.mode"),
     ({"release": "Kube_Prometheus"}, "monitoring.release"),
     ({"retentionDays": 0}, "monitoring.retentionDays"),
-    ({"alerts": True}, "monitoring"),
+    ({"alerts": True}, "monitoring.alerts"),
+    ({"alerts": {"goodputBelow": 1.5}}, "monitoring.alerts.goodputBelow"),
+    ({"alerts": {"stalledMinutes": "10m"}}, "monitoring.alerts.stalledMinutes"),
+    ({"gpuHourPriceUsd": {"reserved": 1.0}}, "monitoring.gpuHourPriceUsd"),
+    ({"gpuHourPriceUsd": {"spot": 0}}, "monitoring.gpuHourPriceUsd.spot"),
 ])
 def test_bad_monitoring_settings_name_the_key(monitoring, key):
     with pytest.raises(ConfigError) as err:

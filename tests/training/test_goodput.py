@@ -10,6 +10,7 @@ import pytest
 from training import goodput, ledger
 from training.progress import ProgressMonitor
 from training.storage import resolve
+from training.telemetry import Telemetry
 
 
 def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict) -> None:
@@ -70,7 +71,7 @@ def test_an_error_ending_an_attempt_is_its_own_kind(run):
 
 
 def test_live_goodput_counts_earlier_attempts_kept_steps(run, monkeypatch):
-    live = goodput.LiveGoodput(run, from_step=70)  # as attempt C starts
+    live = goodput.LiveGoodput(goodput.account(run), from_step=70)  # as attempt C starts
     monkeypatch.setattr(goodput.time, "time", lambda: 1300.0)
     assert live(productive_this_attempt=30.0) == pytest.approx(100 / 300)
 
@@ -109,3 +110,29 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
         "spotray: INTERRUPTED at step 80 without notice (node or driver lost): resuming",
         "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost",
     ]
+
+
+def test_a_resuming_attempt_exports_the_badput_so_far_counting_the_steps_it_will_retrain_as_wasted(tmp_path):
+    """A trains 1-50 and is drained; B resumes at 50 and vanishes at 80; C starts from the step-70 checkpoint."""
+    root = resolve(str(tmp_path / "attempts"))
+    root.child("run.json").write_text(json.dumps({"started_at": 1000.0}))
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "startup_s": 5.0, "drain_wait_s": 20.0,
+                                     "last_seen": 1110.0, "notice": {"step": 50, "at": 1090.0, "committed": True}})
+    write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "startup_s": 4.0, "restore_s": 1.0,
+                                      "first_step_at": 1140.0, "last_seen": 1200.0})
+    info = ledger.AttemptInfo("c", 70, world_size=2, per_rank_batch=4, started_at=1215.0)
+    ledger.write_attempt(root, info)
+    # C's own clock already flushed (it races the history read): C's time must come from its clock, once
+    root.child("c", goodput.STATUS_FILE).write_text(json.dumps({"entered_at": 1215.0, "startup_s": 3.0,
+                                                                "restore_s": 2.0, "last_seen": 1216.0}))
+    writer = ledger.RecordWriter()
+    telemetry = Telemetry(True, root, info, 1215.0, 100, 512, 1e6, None, "r", writer)
+    telemetry.started(startup_s=3.0, restore_s=2.0)
+    telemetry.step_done(1.5)
+    seconds = telemetry._time_by_category()
+    writer.close(timeout_s=10)
+    assert seconds["productive"] == 70.0 + 1.5  # A's 1-50 and B's 51-70 are kept; C's first step
+    assert seconds["wasted"] == 10.0  # B's 71-80: C trains them again
+    assert seconds["startup"] == 10.0 + 5 + 4 + 3 and seconds["restore"] == 1.0 + 2
+    assert seconds["waiting"] == 20.0 + (1130 - 1110) + (1215 - 1200)
+    assert telemetry.past().interrupted_at == 1200.0  # B was last seen then: recovery is measured from it

@@ -2,9 +2,9 @@ import logging
 
 import pytest
 
-from training.config import EnvSection
+from training.config import EnvSection, load
 from training.errors import ConfigError
-from training.runtime_env import check_working_dir, forwarded_env, packaged_files
+from training.runtime_env import STORAGE_ENV, check_working_dir, forwarded_env, packaged_files, worker_runtime_env
 
 
 def test_named_variables_and_storage_credentials_are_forwarded_and_values_never_logged(caplog):
@@ -14,6 +14,16 @@ def test_named_variables_and_storage_credentials_are_forwarded_and_values_never_
     assert env == {"WANDB_API_KEY": "secret-wandb", "AWS_ACCESS_KEY_ID": "AKIA-secret"}
     assert "HF_TOKEN" in caplog.text  # the missing name is reported ...
     assert "secret" not in caplog.text  # ... and no value ever is
+
+
+def test_no_runtime_env_where_nothing_travels_or_the_nodes_have_it_so_ray_reuses_idle_workers(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "secret-wandb")
+    for name in STORAGE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert worker_runtime_env(load(None, ["data.path=/d"])) == {}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]"])) == {
+        "env_vars": {"WANDB_API_KEY": "secret-wandb"}}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]", "env.on_nodes=true"])) == {}
 
 
 @pytest.mark.parametrize("bad", ["WANDB_API_KEY=abc", "has space", ""])

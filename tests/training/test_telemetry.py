@@ -10,7 +10,7 @@ import torch
 
 from tests.training.conftest import make_config
 from training import launch
-from training.telemetry import GAUGES, lost_peer, peak_flops
+from training.telemetry import GAUGES, TIME_GAUGE, lost_peer, peak_flops
 
 
 def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
@@ -39,8 +39,9 @@ def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster,
     run = threading.Thread(target=launch.run, args=(cfg,), daemon=True)
     run.start()
     seen: set[str] = set()
-    # no peak FLOP/s for a CPU, and no preemption notice in this run
-    expected = {f"ray_spotray_{name}" for name in GAUGES} - {"ray_spotray_mfu", "ray_spotray_emergency_checkpoint"}
+    # no peak FLOP/s for a CPU, no preemption notice and no interruption in this run
+    expected = {f"ray_spotray_{name}" for name in [*GAUGES, TIME_GAUGE]} - {
+        "ray_spotray_mfu", "ray_spotray_emergency_checkpoint", "ray_spotray_recovery_seconds"}
     while run.is_alive() and not expected <= seen:
         seen |= scrape_spotray_gauges(ray_cluster)
         time.sleep(0.5)

@@ -37,6 +37,7 @@ def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, prese
         f"data.path={data_url}", f"checkpoint.path={ckpt_url}", f"run.name={name}", f"model.preset={preset}",
         "train.seq_len=128", "train.global_batch_size=8", f"train.max_steps={3 * every}", "train.log_every=1",
         f"checkpoint.every_steps={every}", "checkpoint.keep_last=2", "scaling.num_workers=2",
+        "env.on_nodes=true",  # the nodes inherit the storage credentials, as the RayJob's pods get them
         *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
     ])
 

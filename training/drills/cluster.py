@@ -31,6 +31,7 @@ def free_port() -> int:
 class Node:
     name: str
     proc: subprocess.Popen
+    metrics_port: int  # where the node's metrics agent serves Prometheus metrics
 
     @property
     def alive(self) -> bool:
@@ -106,10 +107,11 @@ class LocalCluster:
         log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the node
         # Real nodes have an address each; here every node's agent needs its own port, or a joining node's agent
         # spends seconds retrying the default one while the node comes up.
-        args = [*args, f"--dashboard-agent-listen-port={free_port()}"]
+        metrics_port = free_port()
+        args = [*args, f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={metrics_port}"]
         proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=self.node_env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        node = Node(name, proc)
+        node = Node(name, proc, metrics_port)
         self.nodes.append(node)
         return node
 

@@ -1,0 +1,36 @@
+"""What Prometheus and Grafana need from spotray, for the installed stack or one already on the cluster: the Ray
+PodMonitors in the training namespace, the alert rules and the dashboards in the monitoring namespace."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config import MonitoringConfig
+from monitoring.dashboards import all_dashboards, config_map
+from monitoring.monitors import ray_pod_monitors
+from monitoring.rules import prometheus_rule
+
+
+def monitoring_manifests(cfg: MonitoringConfig, training_namespace: str) -> list[dict]:
+    """Every object, as data (also what the tests validate)."""
+    return [*ray_pod_monitors(training_namespace, cfg.monitor_labels),
+            prometheus_rule(cfg.namespace, cfg.monitor_labels, cfg.alerts),
+            *(config_map(board, cfg.namespace) for board in all_dashboards(cfg.gpu_hour_price_usd))]
+
+
+class MonitoringObjects(pulumi.ComponentResource):
+    def __init__(self, name: str, cfg: MonitoringConfig, training_namespace: str,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:monitoring:MonitoringObjects", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        for manifest in monitoring_manifests(cfg, training_namespace):
+            meta = manifest["metadata"]
+            resource_name = f"{name}-{meta['namespace']}-{manifest['kind'].lower()}-{meta['name']}"
+            if manifest["kind"] == "ConfigMap":
+                k8s.core.v1.ConfigMap(resource_name, metadata=meta, data=manifest["data"], opts=child)
+            else:
+                k8s.apiextensions.CustomResource(resource_name, api_version=manifest["apiVersion"],
+                                                 kind=manifest["kind"], metadata=meta, spec=manifest["spec"],
+                                                 opts=child)
+        self.register_outputs({})
