@@ -65,3 +65,11 @@ def test_the_training_user_may_use_only_its_prefix():
     assert statements[0]["resources"] == ["arn:aws:s3:::spotray-dev", "arn:aws:s3:::spotray-dev-datasets"]
     assert statements[0]["condition"] == {"StringLike": {"s3:prefix": ["spotray/*"]}}
     assert "policies=spotray-training" in minio_user_entry("ak", "sk")
+
+
+def test_minio_cluster_and_node_metrics_are_scraped_without_a_token():
+    monitor = LEGACY["metrics"]["serviceMonitor"]
+    assert monitor["enabled"] and "paths" not in monitor and "prometheusAuthType" not in LEGACY["metrics"]
+    defaults = chart_defaults("bitnami-minio-17.0.23.values.yaml")["metrics"]  # what the chart then uses
+    assert defaults["serviceMonitor"]["paths"] == ["/minio/v2/metrics/cluster", "/minio/v2/metrics/node"]
+    assert defaults["prometheusAuthType"] == "public"
