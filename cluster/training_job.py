@@ -8,6 +8,7 @@ import pulumi_kubernetes as k8s
 
 from cluster.network_policy import ray_head_policy
 from cluster.rayjob import JobSettings, config_map, rayjob
+from cluster.resources import from_manifest
 from training.config import TrainConfig
 
 
@@ -34,11 +35,7 @@ class TrainingJob(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:TrainingJob", name, None, opts)
         manifest = rayjob(train, settings)  # validates before anything is created
-        cm = config_map(train, settings)
-        config = k8s.core.v1.ConfigMap(f"{name}-config", metadata=cm["metadata"], data=cm["data"],
-                                       opts=pulumi.ResourceOptions(parent=self))
-        job = k8s.apiextensions.CustomResource(
-            name, api_version=manifest["apiVersion"], kind=manifest["kind"], metadata=manifest["metadata"],
-            spec=manifest["spec"], opts=pulumi.ResourceOptions(parent=self, depends_on=[config]))
+        config = from_manifest(f"{name}-config", config_map(train, settings), pulumi.ResourceOptions(parent=self))
+        job = from_manifest(name, manifest, pulumi.ResourceOptions(parent=self, depends_on=[config]))
         self.job_name = manifest["metadata"]["name"]
         self.register_outputs({"job_name": self.job_name, "uid": job.metadata.apply(lambda m: m.get("uid"))})

@@ -60,6 +60,12 @@ def _int(value: Any, key: str, minimum: int = 0) -> int:
     return value
 
 
+def _number(value: Any, key: str) -> float:
+    _require(isinstance(value, int | float) and not isinstance(value, bool), key,
+             f"must be a number, got {value!r}", "set a number")
+    return float(value)
+
+
 def _bool(value: Any, key: str) -> bool:
     _require(isinstance(value, bool), key, f"must be true or false, got {value!r}", "set true or false")
     return value
@@ -247,18 +253,14 @@ class AlertThresholds:
     gpu_utilization_below: float = 20.0  # percent, for 15 minutes while a run reports
 
     def __post_init__(self):
-        for key in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour"):
-            _require(getattr(self, key) >= 1, f"monitoring.alerts.{_camel(key)}", f"is {getattr(self, key)}",
-                     "use at least 1")
-        _require(0 < self.goodput_below < 1, "monitoring.alerts.goodputBelow", f"is {self.goodput_below}",
+        key = "monitoring.alerts"
+        for name, minutes in (("stalledMinutes", self.stalled_minutes), ("checkpointMinutes", self.checkpoint_minutes),
+                              ("preemptionsPerHour", self.preemptions_per_hour)):
+            _require(minutes >= 1, f"{key}.{name}", f"is {minutes}", "use at least 1")
+        _require(0 < self.goodput_below < 1, f"{key}.goodputBelow", f"is {self.goodput_below}",
                  "use a fraction between 0 and 1, e.g. 0.7")
-        _require(0 < self.gpu_utilization_below <= 100, "monitoring.alerts.gpuUtilizationBelow",
+        _require(0 < self.gpu_utilization_below <= 100, f"{key}.gpuUtilizationBelow",
                  f"is {self.gpu_utilization_below}", "use a percentage, e.g. 20")
-
-
-def _camel(snake: str) -> str:
-    head, *rest = snake.split("_")
-    return head + "".join(word.title() for word in rest)
 
 
 CAPACITY_TYPES = ("spot", "on-demand")
@@ -283,7 +285,7 @@ class MonitoringConfig:
         for capacity, price in self.gpu_hour_price_usd.items():
             _require(capacity in CAPACITY_TYPES, "monitoring.gpuHourPriceUsd", f"has {capacity!r}",
                      f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
-            _require(isinstance(price, int | float) and not isinstance(price, bool) and price > 0,
+            _require(_number(price, f"monitoring.gpuHourPriceUsd.{capacity}") > 0,
                      f"monitoring.gpuHourPriceUsd.{capacity}", f"is {price!r}", "use a positive number of USD")
         _require(self.mode in ("install", "existing"), "monitoring.mode", f"is {self.mode!r}",
                  "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
@@ -316,15 +318,19 @@ def _monitoring_config(raw: dict) -> MonitoringConfig:
 
 
 def _alert_thresholds(raw: dict) -> AlertThresholds:
-    fields = ("stalled_minutes", "checkpoint_minutes", "goodput_below", "preemptions_per_hour", "gpu_utilization_below")
-    _no_unknown(raw, {_camel(f) for f in fields}, "monitoring.alerts")
-    for key in ("goodputBelow", "gpuUtilizationBelow"):
-        _require(not isinstance(raw.get(key, 1), bool) and isinstance(raw.get(key, 1), int | float),
-                 f"monitoring.alerts.{key}", f"must be a number, got {raw.get(key)!r}", "set a number")
-    counts = {f: _int(raw[_camel(f)], f"monitoring.alerts.{_camel(f)}", minimum=1)
-              for f in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour") if _camel(f) in raw}
-    numbers = {f: float(raw[_camel(f)]) for f in ("goodput_below", "gpu_utilization_below") if _camel(f) in raw}
-    return AlertThresholds(**counts, **numbers)
+    key, d = "monitoring.alerts", AlertThresholds
+    _no_unknown(raw, {"stalledMinutes", "checkpointMinutes", "goodputBelow", "preemptionsPerHour",
+                      "gpuUtilizationBelow"}, key)
+    return AlertThresholds(
+        stalled_minutes=_int(raw.get("stalledMinutes", d.stalled_minutes), f"{key}.stalledMinutes", minimum=1),
+        checkpoint_minutes=_int(raw.get("checkpointMinutes", d.checkpoint_minutes), f"{key}.checkpointMinutes",
+                                minimum=1),
+        goodput_below=_number(raw.get("goodputBelow", d.goodput_below), f"{key}.goodputBelow"),
+        preemptions_per_hour=_int(raw.get("preemptionsPerHour", d.preemptions_per_hour), f"{key}.preemptionsPerHour",
+                                  minimum=1),
+        gpu_utilization_below=_number(raw.get("gpuUtilizationBelow", d.gpu_utilization_below),
+                                      f"{key}.gpuUtilizationBelow"),
+    )
 
 
 @dataclass(frozen=True)

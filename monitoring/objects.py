@@ -4,8 +4,8 @@ PodMonitors in the training namespace, the alert rules and the dashboards in the
 from __future__ import annotations
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from cluster.resources import from_manifest
 from infra.config import MonitoringConfig
 from monitoring.dashboards import all_dashboards, config_map
 from monitoring.monitors import ray_pod_monitors
@@ -23,14 +23,8 @@ class MonitoringObjects(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: MonitoringConfig, training_namespace: str,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:monitoring:MonitoringObjects", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
         for manifest in monitoring_manifests(cfg, training_namespace):
             meta = manifest["metadata"]
-            resource_name = f"{name}-{meta['namespace']}-{manifest['kind'].lower()}-{meta['name']}"
-            if manifest["kind"] == "ConfigMap":
-                k8s.core.v1.ConfigMap(resource_name, metadata=meta, data=manifest["data"], opts=child)
-            else:
-                k8s.apiextensions.CustomResource(resource_name, api_version=manifest["apiVersion"],
-                                                 kind=manifest["kind"], metadata=meta, spec=manifest["spec"],
-                                                 opts=child)
+            from_manifest(f"{name}-{meta['namespace']}-{manifest['kind'].lower()}-{meta['name']}", manifest,
+                          pulumi.ResourceOptions(parent=self))
         self.register_outputs({})

@@ -29,7 +29,7 @@ def as_promql(expr: str) -> str:
     expr = _RANGE_VARIABLE.sub("[1m]", expr)
     for match in _VARIABLE.finditer(expr):
         before = expr[:match.start()]
-        assert before.endswith('=~"') or before.endswith('|'), f"variable outside a regex matcher in {expr}"
+        assert before.endswith('=~"'), f"variable outside a regex matcher in {expr}"
     return _VARIABLE.sub(".*", expr)
 
 

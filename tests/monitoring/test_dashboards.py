@@ -10,6 +10,7 @@ from monitoring.dashboards import (
     CONFIG_MAP_LIMIT,
     DASHBOARD_LABEL,
     all_dashboards,
+    cluster_dashboard,
     config_map,
     panel_queries,
     training_dashboard,
@@ -71,3 +72,13 @@ def test_the_training_dashboard_reads_only_gauges_the_training_loop_exports():
             for m in re.findall(r"ray_spotray_(\w+)", expr)}
     assert used <= {*GAUGES, TIME_GAUGE}
     assert {*GAUGES, TIME_GAUGE} - used == set(), "every gauge has a panel"
+
+
+def test_the_cluster_dashboard_shows_capacity_types_pending_pods_and_minio_health():
+    queries = panel_queries(cluster_dashboard().model)
+    by_title: dict[str, str] = {}
+    for title, expr in queries:
+        by_title[title.lower()] = f"{by_title.get(title.lower(), '')} {expr}"
+    assert "count by (capacity_type)" in by_title["nodes by capacity type"]
+    assert 'phase="Pending"' in by_title["pending pods"]
+    assert {"minio nodes", "minio drives offline", "minio usable capacity"} <= set(by_title)
