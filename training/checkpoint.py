@@ -83,7 +83,7 @@ class _DcpFileSystem(FileSystemBase):
 
     Writes never come through here: ``_CommittingWriter`` writes shards and ``.metadata`` via the Location."""
 
-    def __init__(self, root: Location, expected: dict | None = None, prefetched: dict[str, bytes] | None = None):
+    def __init__(self, root: Location, expected: dict | None = None, prefetched: dict[str, memoryview] | None = None):
         self.root = root
         self.expected = expected or {}
         self.prefetched = prefetched or {}
@@ -96,10 +96,12 @@ class _DcpFileSystem(FileSystemBase):
     def create_stream(self, path, mode: str):
         if "w" in mode:
             raise NotImplementedError("checkpoint files are written by _CommittingWriter")
-        yield io.BytesIO(self._verified_bytes(self._loc(path)))
+        yield io.BytesIO(self.verified_view(path))
 
-    def _verified_bytes(self, loc: Location) -> bytes:
-        data = self.prefetched.pop(loc.name, None) or loc.read_bytes()
+    def verified_view(self, path) -> memoryview:
+        """A whole file, checked against the commit marker; local files are memory-mapped, not copied."""
+        loc = self._loc(path)
+        data = self.prefetched.pop(loc.name, None) or loc.read_view()
         want = self.expected.get(loc.name, {})
         # Shards carry a CRC32 per item (checked as each is used); only .metadata has a whole-file one.
         if len(data) != want.get("size", len(data)) or ("crc32" in want and want["crc32"] != zlib.crc32(data)):
@@ -185,7 +187,7 @@ class _CommittingWriter(_FileSystemWriter):
 class _RawReader(FileSystemReader):
     """Reads what ``_CommittingWriter`` wrote: verified whole files, tensors rebuilt from raw bytes."""
 
-    def __init__(self, location: Location, expected: dict, prefetched: dict[str, bytes] | None = None):
+    def __init__(self, location: Location, expected: dict, prefetched: dict[str, memoryview] | None = None):
         super().__init__(location.path)
         self.fs = _DcpFileSystem(location, expected=expected, prefetched=prefetched)
         self.chunks: dict = {}
@@ -202,23 +204,22 @@ class _RawReader(FileSystemReader):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
-            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
-                data = stream.getbuffer()
-                for req in reqs:
-                    info = self.storage_data[req.storage_index]
-                    raw = data[info.offset : info.offset + info.length]
-                    if zlib.crc32(raw) != getattr(info, "crc32", None):
-                        raise CheckpointError(f"{relative_path} is corrupted: item {req.storage_index.fqn} fails its "
-                                              "CRC32")
-                    if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(raw))
-                        continue
-                    dtype, sizes = self.chunks[(req.storage_index.fqn, tuple(req.storage_index.offset))]
-                    stored = torch.frombuffer(raw, dtype=dtype).reshape(sizes) if info.length else torch.empty(
-                        sizes, dtype=dtype)
-                    target = planner.resolve_tensor(req).detach()
-                    target.copy_(narrow_tensor_by_index(stored, req.storage_offsets, req.lengths))
-                    planner.commit_tensor(req, target)
+            data = self.fs.verified_view(self.fs.concat_path(self.path, relative_path))
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                raw = data[info.offset : info.offset + info.length]
+                if zlib.crc32(raw) != getattr(info, "crc32", None):
+                    raise CheckpointError(f"{relative_path} is corrupted: item {req.storage_index.fqn} fails its "
+                                          "CRC32")
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(raw))
+                    continue
+                dtype, sizes = self.chunks[(req.storage_index.fqn, tuple(req.storage_index.offset))]
+                stored = torch.frombuffer(raw, dtype=dtype).reshape(sizes) if info.length else torch.empty(
+                    sizes, dtype=dtype)
+                target = planner.resolve_tensor(req).detach()
+                target.copy_(narrow_tensor_by_index(stored, req.storage_offsets, req.lengths))
+                planner.commit_tensor(req, target)
         done: torch.futures.Future = torch.futures.Future()
         done.set_result(None)
         return done
@@ -420,10 +421,10 @@ class RestorePrefetch:
         self._future = self._pool.submit(self._read)
         self._pool.shutdown(wait=False)
 
-    def _read(self) -> dict[str, bytes]:
-        return {name: self.checkpoint.location.child(name).read_bytes() for name in self.checkpoint.files}
+    def _read(self) -> dict[str, memoryview]:
+        return {name: self.checkpoint.location.child(name).read_view() for name in self.checkpoint.files}
 
-    def files_for(self, location: Location) -> dict[str, bytes]:
+    def files_for(self, location: Location) -> dict[str, memoryview]:
         if location.url != self.checkpoint.url:
             return {}
         try:

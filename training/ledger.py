@@ -133,13 +133,15 @@ def write_attempt(root: Location, info: AttemptInfo) -> None:
     root.child(info.attempt_id, _ATTEMPT_FILE).write_text(json.dumps(info.__dict__, sort_keys=True))
 
 
-def read_attempts(root: Location) -> list[AttemptInfo]:
-    attempts = []
+def read_attempts(root: Location, known: dict[str, AttemptInfo] | None = None) -> list[AttemptInfo]:
+    """The run's attempts, oldest first. ``known`` caches the ones read before (an attempt's record is written
+    once), so that a poller reads only new attempts' records."""
+    known = {} if known is None else known
     for name in root.list_names():
         marker = root.child(name, _ATTEMPT_FILE)
-        if marker.exists():
-            attempts.append(AttemptInfo(**json.loads(marker.read_text())))
-    return sorted(attempts, key=lambda a: a.attempt_id)
+        if name not in known and marker.exists():
+            known[name] = AttemptInfo(**json.loads(marker.read_text()))
+    return sorted(known.values(), key=lambda a: a.attempt_id)
 
 
 def write_final(root: Location, attempt_id: str, final: dict) -> None:

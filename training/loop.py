@@ -25,7 +25,7 @@ from training.checkpoint import Checkpointer, RestorePrefetch, RngState
 from training.config import TrainConfig
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
-from training.optim import build_optimizer, build_scheduler
+from training.optim import allocate_state, build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
 from training.storage import Location, resolve
@@ -152,7 +152,8 @@ class Training:
 
 
 def build_training(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> Training:
-    """``init_weights=False`` when a checkpoint will overwrite them: random init of a large model is slow."""
+    """``init_weights=False`` when a checkpoint will overwrite the weights and the optimizer state: they are then
+    only allocated (random init of a large model is slow, and so is computing an optimizer state to discard)."""
     torch.manual_seed(cfg.seed)
     dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
     shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
@@ -164,8 +165,10 @@ def build_training(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) 
     if cfg.train.compile:
         for block in model.blocks:
             block.compile()
-    model = parallelize(model, cfg.parallel, env.device, bf16=cfg.train.dtype == "bfloat16")
+    model = parallelize(model, cfg.parallel, env.device, bf16=cfg.train.dtype == "bfloat16", sync_init=init_weights)
     optimizer = build_optimizer(model, cfg.train)
+    if not init_weights:
+        allocate_state(optimizer)
     scheduler = build_scheduler(optimizer, cfg.train)
     sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
     progress = Progress()

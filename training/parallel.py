@@ -17,12 +17,15 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def parallelize(model: GPT, mode: str, device: torch.device, bf16: bool) -> torch.nn.Module:
+def parallelize(model: GPT, mode: str, device: torch.device, bf16: bool, sync_init: bool = True) -> torch.nn.Module:
+    """``sync_init=False`` when a checkpoint will overwrite the weights on every rank: DDP then skips broadcasting
+    rank 0's parameters, a full copy of the model over the network."""
     if not dist.is_initialized() or dist.get_world_size() == 1 and mode == "ddp":
         return model.to(device)
     if mode == "ddp":
         model = model.to(device)
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                       init_sync=sync_init)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}

@@ -43,6 +43,7 @@ class ProgressMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-progress")
         self._announced: set[tuple[str, str]] = set()
+        self._known: dict[str, ledger.AttemptInfo] = {}
         self._skip = {a.attempt_id for a in self._attempts()}  # earlier runs of this name were reported then
         self._last_line, self._last_print = "", 0.0
 
@@ -65,7 +66,7 @@ class ProgressMonitor:
                 pass  # storage hiccup or a record mid-write: the next poll catches up
 
     def _attempts(self) -> list[ledger.AttemptInfo]:
-        return ledger.read_attempts(self.root)
+        return ledger.read_attempts(self.root, self._known)
 
     def poll(self) -> None:
         attempts = self._attempts()

@@ -112,6 +112,19 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     ]
 
 
+def test_the_driver_reads_each_attempts_record_once(tmp_path):
+    """It polls storage every few seconds for the whole run: an attempt's record, written once, is not read again."""
+    root = resolve(str(tmp_path / "attempts"))
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1110.0, "step": 50})
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    root.child("a", "attempt.json").write_text("unreadable")  # reading it again would fail
+    write_attempt(root, "b", 40, 60, {"entered_at": 1130.0, "first_step_at": 1140.0, "last_seen": 1200.0,
+                                      "step": 60})
+    monitor.poll()
+    assert "RESUMED from step 40 on 2 workers, 30.0s after the interruption, 10 steps lost" in stream.getvalue()
+
+
 def test_a_resuming_attempt_exports_the_badput_so_far_counting_the_steps_it_will_retrain_as_wasted(tmp_path):
     """A trains 1-50 and is drained; B resumes at 50 and vanishes at 80; C starts from the step-70 checkpoint."""
     root = resolve(str(tmp_path / "attempts"))

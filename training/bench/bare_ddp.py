@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.config import from_dict
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
+from training.optim import build_optimizer
 from training.sampler import ElasticSampler
 
 
@@ -28,7 +29,7 @@ def main(config_json: str) -> None:
     torch.manual_seed(cfg.seed)
     dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
     model = DistributedDataParallel(GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = build_optimizer(model, cfg.train)
     sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
     seconds = 0.0
     for step in range(1, cfg.train.max_steps + 1):

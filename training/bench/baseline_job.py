@@ -1,4 +1,5 @@
-"""The usual Ray Train recipe, as the recovery benchmark's baseline: DDP via ``prepare_model``, rank 0
+"""The usual Ray Train recipe, as the recovery benchmark's baseline (same model and optimizer as spotray, so that
+only the checkpoint and resume recipe differs): DDP via ``prepare_model``, rank 0
 ``torch.save``s model + optimizer into a temp dir reported as a Ray checkpoint (Ray copies it to storage), and
 every rank ``torch.load``s it from ``ray.train.get_checkpoint()`` after a restart.
 
@@ -22,6 +23,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from training.config import from_dict
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
+from training.optim import build_optimizer
 from training.storage import resolve
 
 
@@ -32,7 +34,7 @@ def train_fn(job: dict) -> None:
     torch.manual_seed(cfg.seed)
     dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len)
     model = ray.train.torch.prepare_model(GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    optimizer = build_optimizer(model, cfg.train)  # spotray's, so that only the recovery recipe differs
     start, resumed = 0, ray.train.get_checkpoint()
     if resumed:
         with resumed.as_directory() as directory:
