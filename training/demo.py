@@ -49,6 +49,7 @@ class FaultInjector:
     plan: list[tuple[str, int]]
     injected: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _known: dict[str, ledger.AttemptInfo] = field(default_factory=dict)  # attempt records read so far
 
     def start(self) -> FaultInjector:
         threading.Thread(target=self._run, daemon=True, name="fault-injector").start()
@@ -69,7 +70,7 @@ class FaultInjector:
             self.cluster.add_node()  # the replacement spot node
 
     def _current_step(self) -> int:
-        attempts = ledger.read_attempts(self.attempts)
+        attempts = ledger.read_attempts(self.attempts, self._known)
         status = goodput.read_status(self.attempts, attempts[-1].attempt_id) if attempts else None
         return (status or {}).get("step") or 0
 

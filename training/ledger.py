@@ -138,8 +138,10 @@ def read_attempts(root: Location, known: dict[str, AttemptInfo] | None = None) -
     once), so that a poller reads only new attempts' records."""
     known = {} if known is None else known
     for name in root.list_names():
+        if name in known:
+            continue
         marker = root.child(name, _ATTEMPT_FILE)
-        if name not in known and marker.exists():
+        if marker.exists():
             known[name] = AttemptInfo(**json.loads(marker.read_text()))
     return sorted(known.values(), key=lambda a: a.attempt_id)
 

@@ -90,14 +90,13 @@ class Location:
     def read_view(self) -> memoryview:
         """The whole object as a writable buffer, without an up-front copy where possible: a private (copy-on-write)
         memory map of a local file, whose pages come from the page cache as they are touched; one GET on S3."""
-        if self.is_s3:
-            with self._guard("read"):
+        with self._guard("read"):
+            if self.is_s3:
                 with self.fs.open_input_file(self.path) as f:
                     buffer = bytearray(f.size())
                     if f.readinto(buffer) != len(buffer):
                         raise StorageError(f"{self.url}: the object ended early")
                     return memoryview(buffer)
-        with self._guard("read"):
             with open(self.path, "rb") as f:
                 if os.fstat(f.fileno()).st_size == 0:
                     return memoryview(bytearray())
