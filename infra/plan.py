@@ -118,8 +118,8 @@ def _normalized(value, key: str = ""):
     if isinstance(value, dict):
         if value.get(_SIG_KEY) == _SECRET_SIG:  # a secret map keeps its keys: which ones exist is no secret
             inner = value.get("value")
-            return {k: SECRET for k in inner} if isinstance(inner, dict) else SECRET
-        return {k: _normalized(v, k) for k, v in value.items()}
+            return {k: SECRET for k in sorted(inner)} if isinstance(inner, dict) else SECRET
+        return {k: _normalized(value[k], k) for k in sorted(value)}  # gRPC maps arrive in any order
     if isinstance(value, list):
         return [_normalized(v, key) for v in value]
     if key and _SECRET_KEYS.search(key) and value is not None:
