@@ -2,7 +2,7 @@
 
 import pulumi
 
-from infra.config import from_pulumi
+from infra.kernel.config import from_pulumi
 from infra.program import deploy
 from training.errors import SpotrayError
 

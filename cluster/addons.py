@@ -9,10 +9,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
-from cluster.names import GPU_NAMESPACE, KUBERAY_NAMESPACE
-from infra import helm
-from infra.karpenter_manifests import GPU_TOLERATION
-from infra.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
+from infra.kernel import helm
+from infra.kernel.names import GPU_NAMESPACE, GPU_TOLERATION, KUBERAY_NAMESPACE
+from infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
 
 
 class KubeRayOperator(pulumi.ComponentResource):

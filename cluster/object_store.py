@@ -9,18 +9,17 @@ import pulumi
 import pulumi_random as random
 
 from cluster.charts import (
-    MINIO_RELEASE,
     MINIO_ROOT_SECRET,
     MINIO_USERS_SECRET,
     STORAGE_SECRET,
-    minio_endpoint,
     minio_user_entry,
     minio_values,
 )
-from cluster.secrets import generated_secret
-from infra import helm
-from infra.config import MonitoringConfig, StorageConfig
-from infra.versions import MINIO
+from infra.kernel import helm
+from infra.kernel.config import MonitoringConfig, StorageConfig
+from infra.kernel.names import MINIO_RELEASE, minio_endpoint
+from infra.kernel.resources import generated_secret
+from infra.kernel.versions import MINIO
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,31 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from cluster.charts import STORAGE_SECRET, minio_endpoint
-from cluster.names import APP, APP_LABEL, COMPONENT_LABEL, SUBMITTER_COMPONENT, TRAINING_COMPONENT
-from infra.config import StackConfig
-from infra.karpenter_manifests import CORE_SELECTOR, GPU_TOLERATION, POOL_LABEL
-from infra.versions import RAY_VERSION
+from cluster.charts import STORAGE_SECRET
+from infra.kernel.config import StackConfig
+from infra.kernel.names import (
+    APP,
+    APP_LABEL,
+    COMPONENT_LABEL,
+    CORE_SELECTOR,
+    GPU_TOLERATION,
+    METRICS_PORTS,
+    POOL_LABEL,
+    SUBMITTER_COMPONENT,
+    TRAINING_COMPONENT,
+    TRAINING_NAMESPACE,
+    TRAINING_SERVICE_ACCOUNT,
+    minio_endpoint,
+)
+from infra.kernel.versions import RAY_VERSION
 from training.config import TrainConfig
 from training.errors import ConfigError
 
-TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)
-TRAINING_SERVICE_ACCOUNT = "spotray-training"  # the one Pod Identity maps to the bucket prefix
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
 CONFIG_DIR = "/etc/spotray"
 CONFIG_FILE = "train.yaml"
 SPOT_NOTICE_S = 120  # EC2 gives a spot instance two minutes
 DRAIN_MARGIN_S = 20  # of the notice, kept for the pod to stop after Ray's drain deadline
-# Ray's metrics endpoints by node type, named as the PodMonitors and NetworkPolicies refer to them.
-METRICS_PORTS = {
-    "head": [{"name": "metrics", "containerPort": 8080}, {"name": "as-metrics", "containerPort": 44217},
-             {"name": "dash-metrics", "containerPort": 44227}],
-    "worker": [{"name": "metrics", "containerPort": 8080}],
-}
 _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 

@@ -9,7 +9,7 @@ import subprocess
 import yaml
 
 from cluster.rayjob import config_map, job_name, job_settings, rayjob
-from infra.config import StackConfig
+from infra.kernel.config import StackConfig
 from training.config import TrainConfig
 from training.errors import SpotrayError
 

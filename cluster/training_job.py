@@ -8,7 +8,7 @@ import pulumi_kubernetes as k8s
 
 from cluster.network_policy import ray_head_policy
 from cluster.rayjob import JobSettings, config_map, rayjob
-from cluster.resources import from_manifest
+from infra.kernel.resources import from_manifest
 from training.config import TrainConfig
 
 

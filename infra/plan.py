@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi.runtime import mocks, rpc, settings
 
-from infra.config import StackConfig
+from infra.kernel.config import StackConfig
 from infra.policies import Resource, violations
 from infra.program import deploy
 from training.errors import SpotrayError

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra.config import GPU_FAMILIES, NAMESPACE
-from infra.karpenter_manifests import GPU_TAINT, ON_DEMAND_FALLBACK_LABEL
+from infra.kernel.config import GPU_FAMILIES, NAMESPACE
+from infra.kernel.names import GPU_TAINT, ON_DEMAND_FALLBACK_LABEL
 
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 RAY_PORTS = (6379, 8265, 10001)  # GCS, dashboard/job API, Ray client: never on the internet

@@ -8,17 +8,17 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from cluster.addons import GpuPlumbing, KubeRayOperator
-from cluster.charts import datasets_bucket, minio_endpoint
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
-from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, job_settings
+from cluster.rayjob import job_settings
 from cluster.training_job import TrainingJob, TrainingNamespace
-from infra.config import StackConfig
-from infra.eks import Cluster, ClusterArgs
-from infra.karpenter import Karpenter, KarpenterArgs
-from infra.network import Network, NetworkArgs
-from infra.nodes import CoreNodes, CoreNodesArgs
-from infra.registry import ImageRepository, ImageRepositoryArgs
-from infra.storage import BucketArgs, CheckpointBucket
+from infra.aws.eks import Cluster, ClusterArgs
+from infra.aws.karpenter import Karpenter, KarpenterArgs
+from infra.aws.network import Network, NetworkArgs
+from infra.aws.nodes import CoreNodes, CoreNodesArgs
+from infra.aws.registry import ImageRepository, ImageRepositoryArgs
+from infra.aws.storage import BucketArgs, CheckpointBucket
+from infra.kernel.config import StackConfig
+from infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, datasets_bucket, minio_endpoint
 from monitoring.objects import MonitoringObjects
 from monitoring.stack import MonitoringStack
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pulumi
 
-from cluster.resources import from_manifest
-from infra.config import MonitoringConfig
+from infra.kernel.config import MonitoringConfig
+from infra.kernel.resources import from_manifest
 from monitoring.dashboards import all_dashboards, config_map
 from monitoring.monitors import ray_pod_monitors
 from monitoring.rules import prometheus_rule

@@ -5,7 +5,7 @@ restarted worker group exports them under new series, so rules aggregate ``by (r
 
 from __future__ import annotations
 
-from infra.config import AlertThresholds
+from infra.kernel.config import AlertThresholds
 from monitoring.monitors import MONITORING_API
 
 RUN_MEMORY = "1d"  # how long a run that stopped reporting is still looked at

@@ -7,10 +7,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from cluster.secrets import generated_secret
-from infra import helm
-from infra.config import MonitoringConfig
-from infra.versions import KUBE_PROMETHEUS_STACK
+from infra.kernel import helm
+from infra.kernel.config import MonitoringConfig
+from infra.kernel.resources import generated_secret
+from infra.kernel.versions import KUBE_PROMETHEUS_STACK
 from monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
 
 

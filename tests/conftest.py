@@ -67,7 +67,7 @@ STACKS = ("dev", "staging", "prod", "existing")
 @pytest.fixture(scope="session")
 def stack_plans() -> dict:
     """Every stack file of the repository planned once under Pulumi mocks: stack -> (StackConfig, Plan)."""
-    from infra.config import load_stack_file
+    from infra.kernel.config import load_stack_file
     from infra.plan import plan
 
     plans = {}

@@ -1,4 +1,7 @@
-"""The ``spotray`` command line."""
+"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``demo``, ``bench``.
+
+It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
+imports what it needs only when it runs. ``python -m training.cli`` serves this half alone."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 
 from training.errors import SpotrayError
 
@@ -47,55 +51,6 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
 
 
-def _require_infra(command: str) -> None:
-    try:
-        import pulumi  # noqa: F401
-        import pulumi_kubernetes  # noqa: F401
-    except ImportError as exc:
-        raise SpotrayError(f"spotray {command} needs the Pulumi SDKs ({exc.name} is missing): "
-                           "pip install 'spotray[infra]'") from exc
-
-
-def _cmd_plan(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    _require_infra("plan")
-    from infra.config import load_stack_file
-    from infra.plan import PolicyViolations, format_plan, plan
-
-    cfg = load_stack_file(Path(args.project_dir), args.stack)
-    result = plan(cfg)
-    print(json.dumps(result.to_dict(cfg.environment), indent=2) if args.json else format_plan(result, cfg.environment))
-    found = result.violations(cfg.environment)
-    if found:
-        raise PolicyViolations(f"stack {args.stack} breaks {len(found)} polic(ies): {', '.join(found)}")
-
-
-def _cmd_render(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    _require_infra("render")
-    from cluster.render import render, write
-    from infra.config import load_stack_file
-
-    rendered = render(load_stack_file(Path(args.project_dir), args.stack))
-    write(rendered, Path(args.out))
-    print(f"rendered {len(rendered.objects)} objects and {len(rendered.releases)} Helm releases of stack "
-          f"{args.stack} into {args.out}; {len(rendered.secrets)} Secrets to provide: {args.out}/required-secrets.yaml")
-
-
-def _cmd_submit(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
-    from cluster.submit import submit
-    from infra.config import load_stack_file
-    from training import config
-
-    train = config.load(args.config, list(args.set or []))
-    stack = load_stack_file(Path(args.project_dir), args.stack)
-    print(submit(train, stack, image=args.image, gpu_pool=args.gpu_pool, context=args.context, dry_run=args.dry_run))
-
-
 def _cmd_bench(args: argparse.Namespace) -> None:
     from training.bench import run_bench
 
@@ -112,10 +67,8 @@ def _print_summary(summary: dict) -> None:
     print(json.dumps(shown, indent=2))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def register(sub: argparse._SubParsersAction) -> None:
+    """The training half of the command line: what runs on a laptop or in the training image."""
     p = sub.add_parser("prepare", help="tokenize text files into token shards + index.json")
     p.add_argument("--input", required=True, help="file, directory or glob of text files")
     p.add_argument("--output", required=True, help="local dir or s3://bucket/prefix")
@@ -139,29 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key of the demo config")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("plan", help="offline preview: every resource `pulumi up` would create for a stack")
-    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
-    p.set_defaults(func=_cmd_plan)
-
-    p = sub.add_parser("render", help="offline: the stack's Kubernetes objects as YAML files for GitOps")
-    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    p.add_argument("--out", required=True, help="directory to write (new, empty, or an earlier render)")
-    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
-    p.set_defaults(func=_cmd_render)
-
-    p = sub.add_parser("submit", help="submit a training RayJob to the current kube-context (kubectl)")
-    p.add_argument("--stack", required=True, help="the stack whose cluster it runs on: pools, storage, image")
-    p.add_argument("--config", required=True, help="training YAML config file")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
-    p.add_argument("--image", help="training image with its tag (default: the stack's training.image)")
-    p.add_argument("--gpu-pool", help="spotray.dev/pool of the GPU nodes (default: the stack's training.gpuPool)")
-    p.add_argument("--context", help="kube-context (default: the current one)")
-    p.add_argument("--dry-run", action="store_true", help="print the manifests instead of applying them")
-    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
-    p.set_defaults(func=_cmd_submit)
-
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -173,12 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--rounds", type=int, default=2, help="recovery bench: drills per side, interleaved")
     p.set_defaults(func=_cmd_bench)
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersAction], None]) -> int:
+    """Runs one command; ``halves`` register more commands beside the training ones (the ``spotray`` console
+    script adds the provisioning half: ``infra/cli.py``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    args = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for register_half in (register, *halves):
+        register_half(sub)
+    args = parser.parse_args(argv)
     try:
         args.func(args)
     except SpotrayError as exc:

@@ -6,7 +6,7 @@ from cluster.charts import (
     minio_user_entry,
     minio_values,
 )
-from infra.versions import Image
+from infra.kernel.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
 from training.errors import ConfigError
 

@@ -8,7 +8,7 @@ import pytest
 
 from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
-from infra.config import MonitoringConfig, StorageConfig
+from infra.kernel.config import MonitoringConfig, StorageConfig
 from infra.plan import run_mocked
 
 LABELS = {"release": "kube-prometheus-stack"}

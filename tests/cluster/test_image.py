@@ -1,6 +1,6 @@
 import re
 
-from infra.versions import RAY_GPU_IMAGE, RAY_VERSION
+from infra.kernel.versions import RAY_GPU_IMAGE, RAY_VERSION
 from tests.conftest import REPO
 
 

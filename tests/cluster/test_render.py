@@ -5,15 +5,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cluster.rayjob import TRAINING_NAMESPACE, job_settings, rayjob
-from cluster.render import render, write
-from infra.config import load_stack_file
-from infra.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
+from cluster.rayjob import job_settings, rayjob
+from infra.cli import main
+from infra.kernel.config import load_stack_file
+from infra.kernel.names import TRAINING_NAMESPACE
+from infra.kernel.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
+from infra.render import render, write
 from monitoring.objects import monitoring_manifests
 from tests.cluster.stacks import stack
 from tests.conftest import REPO
 from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
-from training.cli import main
 from training.errors import SpotrayError
 
 CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v1.7.0_ray.io_rayclusters.yaml",

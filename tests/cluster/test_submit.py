@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from cluster.submit import submit
+from infra.cli import main
 from tests.cluster.stacks import stack
 from tests.conftest import REPO
-from training.cli import main
 from training.config import load
 from training.errors import SpotrayError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from training.cli import main
+from infra.cli import main
 
 
 def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path):

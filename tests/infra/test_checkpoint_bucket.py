@@ -1,8 +1,8 @@
 import json
 
-from infra.config import StorageConfig
+from infra.aws.storage import BucketArgs, CheckpointBucket
+from infra.kernel.config import StorageConfig
 from infra.plan import run_mocked
-from infra.storage import BucketArgs, CheckpointBucket
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 

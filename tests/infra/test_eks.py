@@ -2,8 +2,8 @@ import json
 
 import pulumi
 
-from infra.config import KubernetesConfig
-from infra.eks import ADMIN_POLICY, CONTROL_PLANE_LOGS, Cluster, ClusterArgs
+from infra.aws.eks import ADMIN_POLICY, CONTROL_PLANE_LOGS, Cluster, ClusterArgs
+from infra.kernel.config import KubernetesConfig
 from infra.plan import SECRET, run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}

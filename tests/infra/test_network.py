@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from infra.network import Network, NetworkArgs
+from infra.aws.network import Network, NetworkArgs
 from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}

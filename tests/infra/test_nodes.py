@@ -1,5 +1,5 @@
-from infra.config import CorePoolConfig
-from infra.nodes import ADDONS, NODE_POLICIES, CoreNodes, CoreNodesArgs
+from infra.aws.nodes import ADDONS, NODE_POLICIES, CoreNodes, CoreNodesArgs
+from infra.kernel.config import CorePoolConfig
 from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}

@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from infra.config import GpuPoolConfig
-from infra.karpenter_manifests import gpu_node_pool
+from infra.aws.karpenter_manifests import gpu_node_pool
+from infra.kernel.config import GpuPoolConfig
 from infra.policies import POLICIES, Resource, violations
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "prod", "spotray:environment": "prod"}

@@ -1,7 +1,7 @@
 import json
 
+from infra.aws.registry import ImageRepository, ImageRepositoryArgs
 from infra.plan import run_mocked
-from infra.registry import ImageRepository, ImageRepositoryArgs
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 

@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from infra.config import from_values, load_stack_file
-from infra.versions import MINIO_IMAGES, Image
+from infra.kernel.config import from_values, load_stack_file
+from infra.kernel.versions import MINIO_IMAGES, Image
 from tests.conftest import REPO, STACKS
 from training.errors import ConfigError, SpotrayError
 
@@ -125,7 +125,7 @@ def test_the_pulumi_program_reads_the_same_config_as_the_stack_file(stack, monke
     import pulumi
     import yaml
 
-    from infra.config import from_pulumi
+    from infra.kernel.config import from_pulumi
 
     raw = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
     monkeypatch.setattr(pulumi, "get_project", lambda: "spotray")

@@ -5,7 +5,7 @@ import re
 
 import ray
 
-from infra.config import MonitoringConfig
+from infra.kernel.config import MonitoringConfig
 from monitoring.dashboards import (
     CONFIG_MAP_LIMIT,
     DASHBOARD_LABEL,

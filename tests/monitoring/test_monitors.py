@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from cluster.rayjob import JobSettings, rayjob
-from infra.config import MonitoringConfig
+from infra.kernel.config import MonitoringConfig
 from monitoring.monitors import ray_pod_monitors, relabelings
 from monitoring.objects import monitoring_manifests
 from tests.schemas import validate_custom_resource

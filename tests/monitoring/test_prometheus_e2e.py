@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.config import AlertThresholds
+from infra.kernel.config import AlertThresholds
 from monitoring.dashboards import panel_queries, ray_dashboards, training_dashboard
 from monitoring.monitors import relabelings
 from monitoring.rules import rule_groups

@@ -5,7 +5,7 @@ import re
 
 import yaml
 
-from infra.config import AlertThresholds
+from infra.kernel.config import AlertThresholds
 from monitoring.rules import rule_groups
 from tests.monitoring.prom import promtool, rules_file
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from infra.config import MonitoringConfig, from_values
+from infra.kernel.config import MonitoringConfig, from_values
 from infra.plan import plan
 from monitoring.values import kube_prometheus_stack_values
 from tests.schemas import chart_defaults, unknown_values_keys

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import StackConfig
+from infra.kernel.config import StackConfig
+from infra.kernel.versions import KUBERAY_CRDS
 from infra.plan import SECRET, Plan, PlannedResource, plan
-from infra.versions import KUBERAY_CRDS
 from training.errors import SpotrayError
 
 LAYERS = ("spotray:cluster:", "spotray:monitoring:")

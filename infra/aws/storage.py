@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from cluster.rayjob import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
-from infra import iam
-from infra.config import StorageConfig
+from infra.aws import iam
+from infra.kernel.config import StorageConfig
+from infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 
 
 @dataclass(frozen=True)

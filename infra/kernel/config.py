@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from cluster.names import MONITORING_NAMESPACE
-from infra.versions import MINIO_IMAGES, Image
+from infra.kernel.names import MONITORING_NAMESPACE
+from infra.kernel.versions import MINIO_IMAGES, Image
 from training.errors import ConfigError, SpotrayError
 
 NAMESPACE = "spotray"

@@ -5,17 +5,9 @@ Karpenter v1.14.1 CRD schemas."""
 
 from __future__ import annotations
 
-from infra.config import GpuPoolConfig
-from infra.versions import NODE_AMI_ALIAS
-
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
-GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
-POOL_LABEL = "spotray.dev/pool"
-CORE_POOL = "core"  # the on-demand managed node group
-CORE_SELECTOR = {POOL_LABEL: CORE_POOL}
-GPU_LABEL = "spotray.dev/gpu"
-ON_DEMAND_FALLBACK_LABEL = "spotray.dev/on-demand-fallback"
-DISCOVERY_TAG = "karpenter.sh/discovery"
+from infra.kernel.config import GpuPoolConfig
+from infra.kernel.names import DISCOVERY_TAG, GPU_LABEL, GPU_TAINT, ON_DEMAND_FALLBACK_LABEL, POOL_LABEL
+from infra.kernel.versions import NODE_AMI_ALIAS
 
 
 def ec2_node_class(name: str, cluster_name: str, node_role: str, tags: dict[str, str],

@@ -10,11 +10,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra import helm, iam
-from infra.config import GpuPoolConfig
-from infra.karpenter_manifests import CORE_SELECTOR, ec2_node_class, gpu_node_pool
-from infra.nodes import NODE_POLICIES
-from infra.versions import KARPENTER
+from infra.aws import iam
+from infra.aws.karpenter_manifests import ec2_node_class, gpu_node_pool
+from infra.aws.nodes import NODE_POLICIES
+from infra.kernel import helm
+from infra.kernel.config import GpuPoolConfig
+from infra.kernel.names import CORE_SELECTOR
+from infra.kernel.versions import KARPENTER
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"

@@ -1,0 +1,90 @@
+"""The ``spotray`` console script: the training half of the command line (``training/cli.py``) and this, the
+provisioning half: ``plan``, ``render``, ``submit``. Nothing is imported until a command runs, so the training
+image, which has no Pulumi, runs ``spotray train`` through here too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from training import cli as training_cli
+from training.errors import SpotrayError
+
+
+def _require_pulumi(command: str) -> None:
+    try:
+        import pulumi  # noqa: F401
+        import pulumi_kubernetes  # noqa: F401
+    except ImportError as exc:
+        raise SpotrayError(f"spotray {command} needs the Pulumi SDKs ({exc.name} is missing): "
+                           "pip install 'spotray[infra]'") from exc
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    _require_pulumi("plan")
+    from infra.kernel.config import load_stack_file
+    from infra.plan import PolicyViolations, format_plan, plan
+
+    cfg = load_stack_file(Path(args.project_dir), args.stack)
+    result = plan(cfg)
+    print(json.dumps(result.to_dict(cfg.environment), indent=2) if args.json else format_plan(result, cfg.environment))
+    found = result.violations(cfg.environment)
+    if found:
+        raise PolicyViolations(f"stack {args.stack} breaks {len(found)} polic(ies): {', '.join(found)}")
+
+
+def _cmd_render(args: argparse.Namespace) -> None:
+    _require_pulumi("render")
+    from infra.kernel.config import load_stack_file
+    from infra.render import render, write
+
+    rendered = render(load_stack_file(Path(args.project_dir), args.stack))
+    write(rendered, Path(args.out))
+    print(f"rendered {len(rendered.objects)} objects and {len(rendered.releases)} Helm releases of stack "
+          f"{args.stack} into {args.out}; {len(rendered.secrets)} Secrets to provide: {args.out}/required-secrets.yaml")
+
+
+def _cmd_submit(args: argparse.Namespace) -> None:
+    from cluster.submit import submit
+    from infra.kernel.config import load_stack_file
+    from training import config
+
+    train = config.load(args.config, list(args.set or []))
+    stack = load_stack_file(Path(args.project_dir), args.stack)
+    print(submit(train, stack, image=args.image, gpu_pool=args.gpu_pool, context=args.context, dry_run=args.dry_run))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """The provisioning half: offline previews of a stack, and jobs onto its cluster."""
+    p = sub.add_parser("plan", help="offline preview: every resource `pulumi up` would create for a stack")
+    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("render", help="offline: the stack's Kubernetes objects as YAML files for GitOps")
+    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    p.add_argument("--out", required=True, help="directory to write (new, empty, or an earlier render)")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("submit", help="submit a training RayJob to the current kube-context (kubectl)")
+    p.add_argument("--stack", required=True, help="the stack whose cluster it runs on: pools, storage, image")
+    p.add_argument("--config", required=True, help="training YAML config file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument("--image", help="training image with its tag (default: the stack's training.image)")
+    p.add_argument("--gpu-pool", help="spotray.dev/pool of the GPU nodes (default: the stack's training.gpuPool)")
+    p.add_argument("--context", help="kube-context (default: the current one)")
+    p.add_argument("--dry-run", action="store_true", help="print the manifests instead of applying them")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_submit)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return training_cli.main(argv, register)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Every name more than one layer uses: namespaces, service accounts, pod and node labels, taints, ports, the
+object store's address. Values only; changing one changes what is deployed."""
+
+from __future__ import annotations
+
+# Namespaces
+TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)
+MONITORING_NAMESPACE = "monitoring"  # where Prometheus runs
+KUBERAY_NAMESPACE = "kuberay-system"
+GPU_NAMESPACE = "kube-system"  # the NVIDIA device plugin and DCGM exporter
+_NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # Kubernetes sets it on every namespace
+
+# The one service account Pod Identity maps to the bucket prefix
+TRAINING_SERVICE_ACCOUNT = "spotray-training"
+
+# Pod labels
+APP_LABEL, APP = "app.kubernetes.io/name", "spotray"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+TRAINING_COMPONENT = "training"  # Ray head and workers: the only pods that reach the object store
+SUBMITTER_COMPONENT = "submitter"
+
+# Node pools: labels, the GPU taint, and how AWS resources are found by Karpenter
+POOL_LABEL = "spotray.dev/pool"
+CORE_POOL = "core"  # the on-demand managed node group
+CORE_SELECTOR = {POOL_LABEL: CORE_POOL}
+GPU_LABEL = "spotray.dev/gpu"
+ON_DEMAND_FALLBACK_LABEL = "spotray.dev/on-demand-fallback"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
+DISCOVERY_TAG = "karpenter.sh/discovery"
+
+# Ray's metrics endpoints by node type, named as the PodMonitors and NetworkPolicies refer to them
+METRICS_PORTS = {
+    "head": [{"name": "metrics", "containerPort": 8080}, {"name": "as-metrics", "containerPort": 44217},
+             {"name": "dash-metrics", "containerPort": 44227}],
+    "worker": [{"name": "metrics", "containerPort": 8080}],
+}
+
+# The in-cluster object store
+MINIO_RELEASE = "minio"  # the chart names its Service after the release
+MINIO_PORT = 9000
+
+
+def minio_endpoint(namespace: str) -> str:
+    return f"http://{MINIO_RELEASE}.{namespace}.svc.cluster.local:{MINIO_PORT}"
+
+
+def datasets_bucket(bucket: str) -> str:
+    """MinIO's second bucket: datasets, unversioned, beside the versioned checkpoint bucket."""
+    return f"{bucket}-datasets"
+
+
+def namespace_labels(namespace: str) -> dict:
+    """The labels that select ``namespace`` (a NetworkPolicy peer, Bitnami's ``ingressNSMatchLabels``)."""
+    return {_NAMESPACE_NAME_LABEL: namespace}
+
+
+def from_namespace(namespace: str) -> dict:
+    """A NetworkPolicy peer: every pod of ``namespace``."""
+    return {"namespaceSelector": {"matchLabels": namespace_labels(namespace)}}
