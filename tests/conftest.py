@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
-
 import pytest
 
-from training.bench.s3local import create_bucket, moto_server
+from tests.corpus import write_corpus
+from tests.repo import REPO, STACKS
 from training.data.prepare import prepare
+from training.drills.s3local import create_bucket, moto_server
 from training.storage import StorageOptions, resolve
 
 
@@ -34,23 +33,6 @@ def s3_bucket(s3_server):
     return create_bucket(s3_server), StorageOptions(endpoint_url=s3_server)
 
 
-WORDS = ("spot preempt node ray train shard token model loss step batch drain grace save load resume "
-         "gpu cpu storage bucket commit marker rank world epoch sample").split()
-
-
-def write_corpus(directory, documents: int = 40, words_per_doc: int = 400, seed: int = 0) -> str:
-    """Deterministic text files with some structure (a small Markov-ish word stream)."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for d in range(documents):
-        words = [rng.choice(WORDS)]
-        for _ in range(words_per_doc):
-            nxt = WORDS[(WORDS.index(words[-1]) * 7 + rng.randint(0, 3)) % len(WORDS)]
-            words.append(nxt)
-        (directory / f"doc{d:03d}.txt").write_text(" ".join(words) + "\n")
-    return str(directory)
-
-
 @pytest.fixture(scope="session")
 def dataset_url(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("dataset")
@@ -58,10 +40,6 @@ def dataset_url(tmp_path_factory) -> str:
     url = str(root / "tokens")
     prepare(corpus, url, shard_tokens=16_384)
     return url
-
-
-REPO = Path(__file__).resolve().parents[1]
-STACKS = ("dev", "staging", "prod", "existing")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 import re
 
 from infra.kernel.versions import RAY_GPU_IMAGE, RAY_VERSION
-from tests.conftest import REPO
+from tests.repo import REPO
 
 
 def test_the_training_image_builds_on_the_pinned_ray_gpu_image():

@@ -13,7 +13,7 @@ from infra.kernel.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_
 from infra.render import render, write
 from monitoring.objects import monitoring_manifests
 from tests.cluster.stacks import stack
-from tests.conftest import REPO
+from tests.repo import REPO
 from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
 from training.errors import SpotrayError
 

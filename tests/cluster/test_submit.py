@@ -10,7 +10,7 @@ import yaml
 from cluster.submit import submit
 from infra.cli import main
 from tests.cluster.stacks import stack
-from tests.conftest import REPO
+from tests.repo import REPO
 from training.config import load
 from training.errors import SpotrayError
 

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from training import ledger
-from training.bench.s3local import create_bucket
 from training.checkpoint import checkpoints_root, list_committed
 from training.drills.cluster import LocalCluster
 from training.drills.outage import OutageProxy
+from training.drills.s3local import create_bucket
 from training.storage import StorageOptions, resolve
 
 MAX_STEPS = 120

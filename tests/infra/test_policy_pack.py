@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from infra.policies import POLICIES
-from tests.conftest import REPO
+from tests.repo import REPO
 
 
 @pytest.fixture(scope="module")

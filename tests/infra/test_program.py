@@ -10,7 +10,7 @@ import pytest
 
 from infra.cli import main
 from infra.policies import TAGGABLE
-from tests.conftest import REPO, STACKS
+from tests.repo import REPO, STACKS
 
 AWS_STACKS = ("dev", "staging", "prod")
 

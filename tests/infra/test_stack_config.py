@@ -4,7 +4,7 @@ import pytest
 
 from infra.kernel.config import from_values, load_stack_file
 from infra.kernel.versions import MINIO_IMAGES, Image
-from tests.conftest import REPO, STACKS
+from tests.repo import REPO, STACKS
 from training.errors import ConfigError, SpotrayError
 
 

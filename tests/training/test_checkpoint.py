@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from training.bench.s3local import create_bucket
 from training.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed
 from training.drills.outage import OutageProxy
+from training.drills.s3local import create_bucket
 from training.errors import CheckpointError
 from training.storage import StorageOptions, resolve
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import write_corpus
+from tests.corpus import write_corpus
 
 
 def spotray(*args: str) -> subprocess.CompletedProcess:

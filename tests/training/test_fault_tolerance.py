@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from tests.training.conftest import make_config
+from tests.training.configs import make_config
 from training import goodput, ledger
 from training.checkpoint import Checkpointer, checkpoints_root, list_committed
 from training.launch import failure_config

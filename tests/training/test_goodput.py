@@ -77,8 +77,8 @@ def test_live_goodput_counts_earlier_attempts_kept_steps(run, monkeypatch):
 
 
 def test_records_outlive_a_storage_outage_and_the_newest_version_wins(s3_server, tmp_path):
-    from training.bench.s3local import create_bucket
     from training.drills.outage import OutageProxy
+    from training.drills.s3local import create_bucket
     from training.storage import StorageOptions
 
     with OutageProxy(s3_server) as proxy:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.conftest import make_config
+from tests.training.configs import make_config
 from training import launch
 from training.storage import resolve
 
@@ -81,7 +81,7 @@ def test_ray_keeps_no_checkpoint_state_that_a_storage_outage_could_fail(straight
 
 def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):
     """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback); saves overlap training."""
-    from tests.conftest import write_corpus
+    from tests.corpus import write_corpus
     from training.data.prepare import prepare
 
     bucket, options = s3_bucket

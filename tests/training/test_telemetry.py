@@ -8,7 +8,7 @@ import urllib.request
 
 import torch
 
-from tests.training.conftest import make_config
+from tests.training.configs import make_config
 from training import launch
 from training.telemetry import GAUGES, TIME_GAUGE, lost_peer, peak_flops
 

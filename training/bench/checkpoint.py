@@ -21,8 +21,8 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from training import config
 from training.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
-from training.bench.s3local import create_bucket, moto_server
 from training.checkpoint import Checkpointer
+from training.drills.s3local import create_bucket, moto_server
 from training.errors import SpotrayError
 from training.launch import root_cause, start_local_ray
 from training.loop import WorkerEnv, build_training, run_root

@@ -23,9 +23,9 @@ import yaml
 
 from training import config, goodput, ledger
 from training.bench.common import bench_corpus, machine, new_workdir
-from training.bench.s3local import create_bucket, moto_server
 from training.checkpoint import checkpoints_root, list_committed
 from training.drills.cluster import LocalCluster
+from training.drills.s3local import create_bucket, moto_server
 from training.errors import SpotrayError
 from training.loop import run_root
 
