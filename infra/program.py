@@ -73,7 +73,7 @@ def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulum
         ready.append(MinioObjectStore("minio", store, opts=pulumi.ResourceOptions(
             providers=[provider], depends_on=[*depends_on, namespace])))
     if cfg.training.enabled:
-        TrainingJob("training-job", cfg.training.config, job_settings(cfg),
+        TrainingJob("training-job", cfg.training.run, job_settings(cfg),
                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=ready))
 
 

@@ -17,7 +17,13 @@ import yaml
 from training.errors import ConfigError
 from training.storage import StorageOptions
 
-MODEL_PRESETS = ("tiny", "small", "gpt2-124m", "gpt2-350m")
+MODEL_PRESETS = {  # (n_layer, n_head, n_embd) of the built-in GPT
+    "tiny": (2, 2, 64),
+    "small": (6, 6, 384),
+    "gpt2-124m": (12, 12, 768),
+    "gpt2-350m": (24, 16, 1024),
+}
+SPOT_NOTICE_S = 120  # EC2 gives a spot instance two minutes between its interruption notice and its end
 _YAML_ALIASES = {"async": "async_save"}
 
 

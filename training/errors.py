@@ -1,5 +1,7 @@
 """User-facing errors: one clear line, exit code 2, no traceback."""
 
+from __future__ import annotations
+
 
 class SpotrayError(Exception):
     """An error caused by the user's input (config, CLI args, data, storage contents)."""
@@ -9,9 +11,17 @@ class SpotrayError(Exception):
 
 class ConfigError(SpotrayError):
     def __init__(self, field: str, problem: str, fix: str = ""):
-        self.field = field
+        self.field, self.problem, self.fix = field, problem, fix
         message = f"config '{field}': {problem}"
         super().__init__(f"{message}. {fix}" if fix else message)
+
+    def within(self, prefix: str) -> ConfigError:
+        """The same error with its field named from an enclosing section: ``within("network.")`` turns
+        ``vpcCidr`` into ``network.vpcCidr`` (and ``""`` into ``network``). A namespaced field stays as it is."""
+        if ":" in self.field:
+            return self
+        field = f"{prefix}{self.field}" if self.field else prefix.rstrip(".:")
+        return ConfigError(field, self.problem, self.fix)
 
 
 class DataError(SpotrayError):

@@ -15,7 +15,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from training import goodput, ledger
 from training.checkpoint import checkpoints_root, list_committed
-from training.config import TrainConfig, from_dict
+from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from training.data.dataset import TokenDataset
 from training.errors import TrainingFailed
 from training.loop import WorkerEnv, run_root, train
@@ -24,9 +24,6 @@ from training.runtime_env import worker_runtime_env
 from training.storage import Location, resolve
 
 log = logging.getLogger(__name__)
-
-
-_DEFAULT_NOTICE_S = 120.0  # AWS gives a spot instance two minutes' notice
 
 
 def ray_train_fn(config: dict) -> None:
@@ -57,7 +54,7 @@ def _preemption_deadline() -> float | None:
     info = ray.train.get_preemption_info()
     if info is None:
         return None
-    return info.deadline_ms / 1000 if info.deadline_ms else time.time() + _DEFAULT_NOTICE_S
+    return info.deadline_ms / 1000 if info.deadline_ms else time.time() + SPOT_NOTICE_S
 
 
 def failure_config(cfg: TrainConfig) -> FailureConfig:

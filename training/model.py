@@ -9,15 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.config import ModelSection
+from training.config import MODEL_PRESETS, ModelSection
 from training.errors import ConfigError
-
-_PRESETS = {  # (n_layer, n_head, n_embd)
-    "tiny": (2, 2, 64),
-    "small": (6, 6, 384),
-    "gpt2-124m": (12, 12, 768),
-    "gpt2-350m": (24, 16, 1024),
-}
 
 
 @dataclass(frozen=True)
@@ -31,7 +24,7 @@ class GPTShape:
 
     @classmethod
     def from_config(cls, model: ModelSection, vocab_size: int, block_size: int) -> GPTShape:
-        n_layer, n_head, n_embd = _PRESETS[model.preset]
+        n_layer, n_head, n_embd = MODEL_PRESETS[model.preset]
         shape = cls(
             n_layer=model.n_layer or n_layer,
             n_head=model.n_head or n_head,

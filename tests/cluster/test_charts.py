@@ -6,12 +6,12 @@ from cluster.charts import (
     minio_user_entry,
     minio_values,
 )
+from infra.kernel.config import MonitoringConfig, StorageConfig
 from infra.kernel.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
-from training.errors import ConfigError
 
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}
-LEGACY = minio_values("spotray-dev", "spotray", 100, MONITOR_LABELS)
+LEGACY = minio_values("spotray-dev", StorageConfig(), MonitoringConfig())
 
 
 @pytest.mark.parametrize(("values", "chart"), [
@@ -33,8 +33,8 @@ def test_minio_is_distributed_persistent_disruption_bounded_and_on_the_core_pool
     assert LEGACY["mode"] == "distributed" and LEGACY["statefulset"]["replicaCount"] >= 4
     assert LEGACY["persistence"] == {"enabled": True, "size": "100Gi"}
     assert LEGACY["pdb"]["create"] is True and LEGACY["nodeSelector"] == {"spotray.dev/pool": "core"}
-    with pytest.raises(ValueError, match="even number of pods >= 4"):
-        minio_values("b", "p", 10, MONITOR_LABELS, replicas=3)
+    sized = minio_values("b", StorageConfig(minio_replicas=6, minio_size_gib=10), MonitoringConfig())
+    assert sized["statefulset"]["replicaCount"] == 6 and sized["persistence"]["size"] == "10Gi"
 
 
 def test_minio_credentials_never_appear_in_values():
@@ -48,14 +48,12 @@ def test_legacy_images_need_and_get_the_insecure_images_switch_and_bitnami_ones_
     assert LEGACY["image"]["repository"] == "bitnamilegacy/minio"
     assert LEGACY["global"]["security"]["allowInsecureImages"] is True
     bitnami = {k: Image("docker.io", f"bitnami/{k}", "t") for k in ("server", "client", "os-shell")}
-    assert "global" not in minio_values("b", "p", 10, MONITOR_LABELS, images=bitnami)
+    assert "global" not in minio_values("b", StorageConfig(minio_images=bitnami), MonitoringConfig())
 
 
 def test_checkpoints_and_datasets_get_a_bucket_each_and_only_checkpoints_are_versioned():
     assert LEGACY["provisioning"]["buckets"] == [{"name": "spotray-dev", "versioning": "Versioned"},
                                                  {"name": "spotray-dev-datasets"}]
-    with pytest.raises(ConfigError, match="storage.bucket.*at most 54 characters"):
-        minio_values("b" * 60, "p", 10, MONITOR_LABELS)
 
 
 def test_the_training_user_may_use_only_its_prefix():

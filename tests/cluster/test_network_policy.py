@@ -6,6 +6,7 @@ import pytest
 from cluster.charts import minio_values
 from cluster.network_policy import RAY_NODE_LABEL, ray_head_policy
 from cluster.rayjob import JobSettings, rayjob
+from infra.kernel.config import MonitoringConfig, StorageConfig
 from training.config import load
 
 POLICY = ray_head_policy("spotray")
@@ -74,7 +75,7 @@ def test_every_port_the_policy_names_is_a_named_port_of_the_head():
 
 
 def test_minio_admits_training_pods_and_prometheus_but_not_the_submitter_or_strangers():
-    policy = minio_values("b", "p", 10, {"release": "kps"})["networkPolicy"]
+    policy = minio_values("b", StorageConfig(), MonitoringConfig(release="kps"))["networkPolicy"]
     assert policy["enabled"] is True and policy["allowExternal"] is False
     assert policy["addExternalClientAccess"] is False  # no label anyone may add opens it
     pods = policy["ingressPodMatchLabels"]

@@ -132,7 +132,7 @@ def test_the_training_job_rendered_is_the_one_the_builders_make_and_pulumi_deplo
     cfg = stack(project)
     rendered = render(cfg)
     job = rendered.objects["objects/spotray/rayjob-gpt-small.yaml"]
-    assert job == rayjob(cfg.training.config, job_settings(cfg))
+    assert job == rayjob(cfg.training.run, job_settings(cfg))
     write(rendered, tmp_path / "out")
     for obj in objects(tmp_path / "out").values():
         check_valid(obj, cfg.kubernetes.version)

@@ -38,6 +38,7 @@ def test_disabled_by_default(stack_plans):
     ({"gpuPool": "h100-spot"}, "training.gpuPool"),
     ({"backoffLimit": 1}, "training.backoffLimit"),
     ({"config": ""}, "training.config"),
+    ({"config": "runs/missing.yaml"}, "training.config"),
 ])
 def test_bad_training_settings_name_the_key(project, training, key):
     with pytest.raises(ConfigError) as err:

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from infra.kernel.config import from_values, load_stack_file
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig, from_values, load_stack_file
 from infra.kernel.versions import MINIO_IMAGES, Image
 from tests.repo import REPO, STACKS
 from training.errors import ConfigError, SpotrayError
@@ -42,7 +42,7 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
 @pytest.mark.parametrize(("overrides", "key", "fix"), [
     ({"network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"],
                   "privateSubnetCidrs": ["10.20.0.0/19", "10.20.16.0/20"]}},
-     "network.privateSubnetCidrs/publicSubnetCidrs", "own address range"),
+     "network.privateSubnetCidrs", "own address range"),
     ({"kubernetes": {"serviceCidr": "10.20.128.0/17", "publicAccessCidrs": ["203.0.113.0/24"]}},
      "kubernetes.serviceCidr", "own address range"),
     ({"corePool": {"minSize": 5, "maxSize": 3}}, "corePool", "fix the sizes"),
@@ -65,13 +65,33 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
      "override any of"),
     ({"nodeGroups": {}}, "nodeGroups", "use only"),
     ({"network": {"vpcCidr": "10.20.0.0/16", "availabilityZones": ["us-west-2a", "us-west-2b"], "nat": 1}},
-     "network", "use only"),
+     "network.nat", "use only"),
+    ({"storage": {"bucket": "b" * 60}}, "storage.bucket", "at most 54 characters with MinIO"),
+    ({"storage": {"minioSizeGiB": 0}}, "storage.minioSizeGiB", "at least 1"),
+    ({"monitoring": {"retentionDays": 0}}, "monitoring.retentionDays", "at least 1"),
+    ({"monitoring": {"alerts": {"stalledMinutes": 0}}}, "monitoring.alerts.stalledMinutes", "at least 1"),
+    ({"monitoring": {"gpuHourPriceUsd": {"spot": "cheap"}}}, "monitoring.gpuHourPriceUsd.spot", "set a number"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"]}, {"name": "b", "families": ["g5"], "gpuLimit": 0}]},
+     "gpuPools[1].gpuLimit", "at least 1"),
+    ({"corePool": {"diskGiB": "big"}}, "corePool.diskGiB", "whole number"),
+    ({"kubernetes": {"version": 1.33, "publicAccessCidrs": ["203.0.113.0/24"]}}, "kubernetes.version", "quote it"),
+    ({"tags": ["team"]}, "tags", "write it as an object"),
 ])
 def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:
         load(**overrides)
     assert err.value.field == f"spotray:{key}"
     assert fix in str(err.value)
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: GpuPoolConfig("a10g", ("m7i",)), "'families'.*use some of g4dn"),
+    (lambda: GpuPoolConfig("A10G", ("g5",)), "'name'.*lowercase DNS label"),
+    (lambda: TrainingJobConfig(backoff_limit=1), "'backoffLimit'.*at least 2"),
+])
+def test_sections_built_directly_check_themselves(build, message):
+    with pytest.raises(ConfigError, match=message):
+        build()
 
 
 def test_minio_images_from_config_replace_only_the_ones_named():
@@ -137,3 +157,9 @@ def test_the_pulumi_program_reads_the_same_config_as_the_stack_file(stack, monke
         assert from_pulumi() == load_stack_file(REPO, stack)
     finally:
         pulumi.runtime.config.CONFIG.set(saved)
+
+
+def test_a_missing_region_names_the_aws_key_itself():
+    with pytest.raises(ConfigError) as err:
+        from_values("spotray", "dev", values(), None)
+    assert err.value.field == "aws:region" and "pulumi config set aws:region" in str(err.value)
