@@ -2,9 +2,9 @@
 dataclasses that are passed down; no component reads ``pulumi.Config`` itself.
 
 Every value sits under the ``spotray:`` namespace of ``Pulumi.<stack>.yaml`` (plus ``aws:region``). Each field
-names its key in the stack file once (``setting``); one reader turns a section of the file into its dataclass by
-those keys and the field types, and each dataclass checks its own limits in ``__post_init__``. A bad value fails
-with a ``ConfigError`` naming the key and the fix."""
+names its key once (``setting``), ``infra/kernel/settings.py`` reads each section by those keys and the field
+types, and each dataclass checks its own limits in ``__post_init__``. A bad value fails with a ``ConfigError``
+naming the key and the fix."""
 
 from __future__ import annotations
 
@@ -12,20 +12,18 @@ import dataclasses
 import ipaddress
 import json
 import re
-import types
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
 from infra.kernel.names import MONITORING_NAMESPACE, datasets_bucket
+from infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
 from infra.kernel.versions import MINIO_IMAGES, Image
 from training.errors import ConfigError, SpotrayError
 
-NAMESPACE = "spotray"
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
 # NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
@@ -36,40 +34,23 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
-def setting(key: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
-            parse: Callable[[Any, str], Any] | None = None) -> Any:
-    """A field read from the stack file under ``key``; ``parse(value, key path)`` replaces the reading by type."""
-    return field(default=default, default_factory=factory, metadata={"key": key, "parse": parse})
-
-
-class _Section:
-    """A section of the stack file; its checks name keys relative to it (the reader adds where it sits)."""
-
-    _PREFIX: ClassVar[str] = ""
-
-    def _require(self, ok: bool, name: str | None, problem: str, fix: str) -> None:
-        """``name``: a field (``min_size``), a dotted path into nested sections, or None for the whole section."""
-        if not ok:
-            raise ConfigError(self._PREFIX + (_key(type(self), name) if name else ""), problem, fix)
-
-
-def _network(section: _Section, value: str, name: str) -> ipaddress.IPv4Network:
+def _network(section: Section, value: str, name: str) -> ipaddress.IPv4Network:
     try:
         return ipaddress.IPv4Network(value)
     except (ValueError, TypeError):
-        section._require(False, name, f"{value!r} is not an IPv4 CIDR block", "write it like 10.20.0.0/16")
+        section.require(False, name, f"{value!r} is not an IPv4 CIDR block", "write it like 10.20.0.0/16")
 
 
-def _no_overlap(section: _Section, blocks: list[tuple[str, str]]) -> None:
+def _no_overlap(section: Section, blocks: list[tuple[str, str]]) -> None:
     """``blocks``: (field, CIDR); the later of two overlapping blocks is named."""
     nets = [(name, ipaddress.IPv4Network(cidr)) for name, cidr in blocks]
     for i, (_, a) in enumerate(nets):
         for name, b in nets[i + 1:]:
-            section._require(not a.overlaps(b), name, f"{b} overlaps {a}", "give every block its own address range")
+            section.require(not a.overlaps(b), name, f"{b} overlaps {a}", "give every block its own address range")
 
 
 @dataclass(frozen=True)
-class NetworkConfig(_Section):
+class NetworkConfig(Section):
     vpc_cidr: str = setting("vpcCidr", "10.20.0.0/16")
     availability_zones: tuple[str, ...] = setting("availabilityZones", ())
     nat_gateways: str = setting("natGateways", "single")  # single (cheap) or perAz (survives losing a zone)
@@ -78,15 +59,15 @@ class NetworkConfig(_Section):
 
     def __post_init__(self):
         vpc = _network(self, self.vpc_cidr, "vpc_cidr")
-        self._require(16 <= vpc.prefixlen <= 20, "vpc_cidr", f"/{vpc.prefixlen} is outside /16../20",
+        self.require(16 <= vpc.prefixlen <= 20, "vpc_cidr", f"/{vpc.prefixlen} is outside /16../20",
                       "EKS pods take VPC addresses: use a /16 to /20 block")
         azs = self.availability_zones
-        self._require(len(azs) >= 2, "availability_zones", f"has {len(azs)} zone(s)",
+        self.require(len(azs) >= 2, "availability_zones", f"has {len(azs)} zone(s)",
                       "list at least 2 zones, e.g. [us-west-2a, us-west-2b]")
-        self._require(len(set(azs)) == len(azs), "availability_zones", "lists a zone twice", "remove the duplicate")
+        self.require(len(set(azs)) == len(azs), "availability_zones", "lists a zone twice", "remove the duplicate")
         bad = [az for az in azs if not _AZ.match(az)]
-        self._require(not bad, "availability_zones", f"{bad} are not zone names", "use names like us-west-2a")
-        self._require(self.nat_gateways in ("single", "perAz"), "nat_gateways", f"is {self.nat_gateways!r}",
+        self.require(not bad, "availability_zones", f"{bad} are not zone names", "use names like us-west-2a")
+        self.require(self.nat_gateways in ("single", "perAz"), "nat_gateways", f"is {self.nat_gateways!r}",
                       "use single or perAz")
         object.__setattr__(self, "private_subnet_cidrs", self.private_subnet_cidrs or _carve(vpc, len(azs), False))
         object.__setattr__(self, "public_subnet_cidrs", self.public_subnet_cidrs or _carve(vpc, len(azs), True))
@@ -94,10 +75,10 @@ class NetworkConfig(_Section):
             ("public_subnet_cidrs", c) for c in self.public_subnet_cidrs]
         for name in ("private_subnet_cidrs", "public_subnet_cidrs"):
             count = len(getattr(self, name))
-            self._require(count == len(azs), name, f"has {count} block(s) for {len(azs)} zones",
+            self.require(count == len(azs), name, f"has {count} block(s) for {len(azs)} zones",
                           "give one block per availability zone, or leave it out to carve them from vpcCidr")
         for name, cidr in blocks:
-            self._require(_network(self, cidr, name).subnet_of(vpc), name, f"{cidr} is not inside vpcCidr {vpc}",
+            self.require(_network(self, cidr, name).subnet_of(vpc), name, f"{cidr} is not inside vpcCidr {vpc}",
                           "pick blocks inside vpcCidr")
         _no_overlap(self, blocks)
 
@@ -110,7 +91,7 @@ def _carve(vpc: ipaddress.IPv4Network, zones: int, public: bool) -> tuple[str, .
 
 
 @dataclass(frozen=True)
-class KubernetesConfig(_Section):
+class KubernetesConfig(Section):
     version: str = setting("version", "1.33")
     service_cidr: str = setting("serviceCidr", "172.20.0.0/16")
     # IAM role/user ARNs given cluster-admin through access entries
@@ -120,19 +101,19 @@ class KubernetesConfig(_Section):
 
     def __post_init__(self):
         match = re.fullmatch(r"1\.(\d+)", self.version)
-        self._require(bool(match) and int(match.group(1)) >= MIN_KUBERNETES_MINOR, "version",
+        self.require(bool(match) and int(match.group(1)) >= MIN_KUBERNETES_MINOR, "version",
                       f"{self.version!r} is not a supported EKS version",
                       f"use 1.{MIN_KUBERNETES_MINOR} or newer, quoted")
         _network(self, self.service_cidr, "service_cidr")
         bad = [a for a in self.admin_principals if not a.startswith("arn:aws:iam::")]
-        self._require(not bad, "admin_principals", f"{bad} are not IAM ARNs",
+        self.require(not bad, "admin_principals", f"{bad} are not IAM ARNs",
                       "use role or user ARNs like arn:aws:iam::123456789012:role/platform-admin")
         for cidr in self.public_access_cidrs:
             _network(self, cidr, "public_access_cidrs")
-        self._require(not self.public_endpoint or bool(self.public_access_cidrs), "public_access_cidrs",
+        self.require(not self.public_endpoint or bool(self.public_access_cidrs), "public_access_cidrs",
                       "is empty while publicEndpoint is true", "list the CIDRs allowed to reach the API server "
                       "(your office or VPN), or set publicEndpoint: false")
-        self._require("0.0.0.0/0" not in self.public_access_cidrs, "public_access_cidrs",
+        self.require("0.0.0.0/0" not in self.public_access_cidrs, "public_access_cidrs",
                       "opens the API server to the whole internet", "list your office or VPN CIDRs instead")
 
 
@@ -141,7 +122,7 @@ def _family(instance_type: str) -> str:
 
 
 @dataclass(frozen=True)
-class CorePoolConfig(_Section):
+class CorePoolConfig(Section):
     """On-demand managed node group for system pods, the Ray head, MinIO and monitoring."""
 
     instance_types: tuple[str, ...] = setting("instanceTypes", ("m7i.xlarge",))
@@ -151,18 +132,18 @@ class CorePoolConfig(_Section):
     disk_gib: int = setting("diskGiB", 100)
 
     def __post_init__(self):
-        self._require(bool(self.instance_types), "instance_types", "is empty", "list e.g. [m7i.xlarge]")
+        self.require(bool(self.instance_types), "instance_types", "is empty", "list e.g. [m7i.xlarge]")
         gpu = [t for t in self.instance_types if _family(t) in GPU_FAMILIES]
-        self._require(not gpu, "instance_types", f"{gpu} are GPU instances on demand",
+        self.require(not gpu, "instance_types", f"{gpu} are GPU instances on demand",
                       "keep the core pool on CPU instances; GPUs come from gpuPools (spot)")
-        self._require(1 <= self.min_size <= self.desired_size <= self.max_size, None,
+        self.require(1 <= self.min_size <= self.desired_size <= self.max_size, None,
                       f"needs 1 <= minSize <= desiredSize <= maxSize, got {self.min_size}, {self.desired_size}, "
                       f"{self.max_size}", "fix the sizes")
-        self._require(self.disk_gib >= 20, "disk_gib", f"is {self.disk_gib}", "use at least 20")
+        self.require(self.disk_gib >= 20, "disk_gib", f"is {self.disk_gib}", "use at least 20")
 
 
 @dataclass(frozen=True)
-class GpuPoolConfig(_Section):
+class GpuPoolConfig(Section):
     """One Karpenter NodePool of GPU nodes: spot, tainted ``nvidia.com/gpu``, optionally falling back to
     on-demand when spot capacity is gone."""
 
@@ -174,16 +155,16 @@ class GpuPoolConfig(_Section):
     labels: Mapping[str, str] = setting("labels", factory=dict)
 
     def __post_init__(self):
-        self._require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
+        self.require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
                       f"{self.name!r} is not a lowercase DNS label of at most 40 characters", "use e.g. a10g-spot")
-        self._require(bool(self.families), "families", "is empty: a spot pool needs instance types to choose from",
+        self.require(bool(self.families), "families", "is empty: a spot pool needs instance types to choose from",
                       f"list GPU families, e.g. [g5, g6]; known: {', '.join(GPU_FAMILIES)}")
         unknown = [f for f in self.families if f not in GPU_FAMILIES]
-        self._require(not unknown, "families", f"{unknown} are not GPU instance families",
+        self.require(not unknown, "families", f"{unknown} are not GPU instance families",
                       f"use some of {', '.join(GPU_FAMILIES)}")
-        self._require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
+        self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
-        self._require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
+        self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
 
 
 def _image(ref: Any, key: str) -> Image:
@@ -198,11 +179,11 @@ def _image(ref: Any, key: str) -> Image:
 
 def _minio_images(raw: Any, key: str) -> dict[str, Image]:
     """The images named in the stack file, in place of the pinned defaults."""
-    return {**MINIO_IMAGES, **{name: _image(ref, f"{key}.{name}") for name, ref in _mapping(raw, key).items()}}
+    return {**MINIO_IMAGES, **{name: _image(ref, f"{key}.{name}") for name, ref in mapping(raw, key).items()}}
 
 
 @dataclass(frozen=True)
-class StorageConfig(_Section):
+class StorageConfig(Section):
     """Where datasets and checkpoints live: in-cluster MinIO, or an S3 bucket."""
 
     backend: str = setting("backend", "minio")
@@ -215,24 +196,24 @@ class StorageConfig(_Section):
                                                 parse=_minio_images)
 
     def __post_init__(self):
-        self._require(self.backend in ("minio", "s3"), "backend", f"is {self.backend!r}", "use minio or s3")
-        self._require(self.bucket is None or bool(re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", self.bucket)),
+        self.require(self.backend in ("minio", "s3"), "backend", f"is {self.backend!r}", "use minio or s3")
+        self.require(self.bucket is None or bool(re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", self.bucket)),
                       "bucket", f"{self.bucket!r} is not a valid S3 bucket name",
                       "use 3-63 lowercase letters, digits, dots and hyphens")
-        self._require(bool(re.fullmatch(r"[a-zA-Z0-9._-]+(/[a-zA-Z0-9._-]+)*", self.prefix)), "prefix",
+        self.require(bool(re.fullmatch(r"[a-zA-Z0-9._-]+(/[a-zA-Z0-9._-]+)*", self.prefix)), "prefix",
                       f"{self.prefix!r} is not a key prefix", "use e.g. spotray or teams/ml")
-        self._require(self.checkpoint_retention_days >= 1, "checkpoint_retention_days",
+        self.require(self.checkpoint_retention_days >= 1, "checkpoint_retention_days",
                       f"is {self.checkpoint_retention_days}", "use at least 1")
-        self._require(self.minio_replicas >= 4 and self.minio_replicas % 2 == 0, "minio_replicas",
+        self.require(self.minio_replicas >= 4 and self.minio_replicas % 2 == 0, "minio_replicas",
                       f"is {self.minio_replicas}", "distributed MinIO needs an even number of pods, at least 4")
-        self._require(self.minio_size_gib >= 1, "minio_size_gib", f"is {self.minio_size_gib}", "use at least 1")
+        self.require(self.minio_size_gib >= 1, "minio_size_gib", f"is {self.minio_size_gib}", "use at least 1")
         unknown = sorted(set(self.minio_images) - set(MINIO_IMAGES))
-        self._require(not unknown, "minio_images", f"has unknown images {unknown}",
+        self.require(not unknown, "minio_images", f"has unknown images {unknown}",
                       f"override any of {sorted(MINIO_IMAGES)}")
 
 
 @dataclass(frozen=True)
-class AlertThresholds(_Section):
+class AlertThresholds(Section):
     """When the training alerts fire."""
 
     stalled_minutes: int = setting("stalledMinutes", 15)  # no step progress
@@ -243,15 +224,15 @@ class AlertThresholds(_Section):
 
     def __post_init__(self):
         for name in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour"):
-            self._require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
-        self._require(0 < self.goodput_below < 1, "goodput_below", f"is {self.goodput_below}",
+            self.require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
+        self.require(0 < self.goodput_below < 1, "goodput_below", f"is {self.goodput_below}",
                       "use a fraction between 0 and 1, e.g. 0.7")
-        self._require(0 < self.gpu_utilization_below <= 100, "gpu_utilization_below",
+        self.require(0 < self.gpu_utilization_below <= 100, "gpu_utilization_below",
                       f"is {self.gpu_utilization_below}", "use a percentage, e.g. 20")
 
 
 @dataclass(frozen=True)
-class MonitoringConfig(_Section):
+class MonitoringConfig(Section):
     """``install``: kube-prometheus-stack in the stack; ``existing``: monitors for a Prometheus already there,
     which selects them by ``monitor_labels``."""
 
@@ -267,16 +248,16 @@ class MonitoringConfig(_Section):
 
     def __post_init__(self):
         for capacity, price in self.gpu_hour_price_usd.items():
-            self._require(capacity in CAPACITY_TYPES, "gpu_hour_price_usd", f"has {capacity!r}",
+            self.require(capacity in CAPACITY_TYPES, "gpu_hour_price_usd", f"has {capacity!r}",
                           f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
-            self._require(price > 0, f"gpu_hour_price_usd.{capacity}", f"is {price!r}", "use a positive number of USD")
-        self._require(self.mode in ("install", "existing"), "mode", f"is {self.mode!r}",
+            self.require(price > 0, f"gpu_hour_price_usd.{capacity}", f"is {price!r}", "use a positive number of USD")
+        self.require(self.mode in ("install", "existing"), "mode", f"is {self.mode!r}",
                       "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
-        self._require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "release",
+        self.require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "release",
                       f"{self.release!r} is not a Helm release name",
                       "use at most 53 lowercase letters, digits and '-'")
-        self._require(self.retention_days >= 1, "retention_days", f"is {self.retention_days}", "use at least 1")
-        self._require(self.storage_gib >= 1, "storage_gib", f"is {self.storage_gib}", "use at least 1")
+        self.require(self.retention_days >= 1, "retention_days", f"is {self.retention_days}", "use at least 1")
+        self.require(self.storage_gib >= 1, "storage_gib", f"is {self.storage_gib}", "use at least 1")
 
     @property
     def monitor_labels(self) -> dict[str, str]:
@@ -286,7 +267,7 @@ class MonitoringConfig(_Section):
 
 
 @dataclass(frozen=True)
-class TrainingJobConfig(_Section):
+class TrainingJobConfig(Section):
     """The training RayJob ``pulumi up`` deploys when ``enabled``: its run config (a file of the project) and what
     each worker gets on the cluster."""
 
@@ -303,15 +284,15 @@ class TrainingJobConfig(_Section):
 
     def __post_init__(self):
         for name in ("gpus_per_worker", "cpus_per_worker", "memory_gib_per_worker"):
-            self._require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
-        self._require(self.backoff_limit >= 2, "backoff_limit", f"is {self.backoff_limit}",
+            self.require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
+        self.require(self.backoff_limit >= 2, "backoff_limit", f"is {self.backoff_limit}",
                       "use at least 2, so a lost head becomes a new cluster that resumes")
-        self._require(not self.enabled or bool(self.config), "config", "is required when training is enabled",
+        self.require(not self.enabled or bool(self.config), "config", "is required when training is enabled",
                       "name the training YAML, relative to the project directory")
 
 
 @dataclass(frozen=True)
-class StackConfig(_Section):
+class StackConfig(Section):
     _PREFIX: ClassVar[str] = f"{NAMESPACE}:"
 
     project: str = ""
@@ -331,26 +312,26 @@ class StackConfig(_Section):
     monitoring: MonitoringConfig = setting("monitoring", factory=MonitoringConfig)
 
     def __post_init__(self):
-        self._require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
+        self.require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
                       f"use one of {', '.join(ENVIRONMENTS)}")
-        self._require(self.platform in PLATFORMS, "platform", f"is {self.platform!r}",
+        self.require(self.platform in PLATFORMS, "platform", f"is {self.platform!r}",
                       f"use one of {', '.join(PLATFORMS)}")
-        self._require(self.environment != "prod" or self.protect, "protect", "is false in a prod stack",
+        self.require(self.environment != "prod" or self.protect, "protect", "is false in a prod stack",
                       "set spotray:protect: true (deletion protection, retain on delete)")
         names = [p.name for p in self.gpu_pools]
-        self._require(len(set(names)) == len(names), "gpu_pools", f"names repeat: {names}",
+        self.require(len(set(names)) == len(names), "gpu_pools", f"names repeat: {names}",
                       "give each pool its own name")
         if self.platform == "aws":
             self._check_aws()
         else:
-            self._require(self.storage.backend == "minio" or bool(self.storage.bucket), "storage.bucket",
+            self.require(self.storage.backend == "minio" or bool(self.storage.bucket), "storage.bucket",
                           "is required for s3 on an existing cluster", "name the existing bucket the cluster can reach")
         if self.storage.backend == "minio":
-            self._require(len(datasets_bucket(self.bucket)) <= 63, "storage.bucket",
+            self.require(len(datasets_bucket(self.bucket)) <= 63, "storage.bucket",
                           f"{self.bucket!r} leaves no room for {datasets_bucket(self.bucket)!r}",
                           f"use at most {63 - len(datasets_bucket(''))} characters with MinIO")
         reserved = [k for k in self.tags if k.startswith(("aws:", f"{NAMESPACE}:"))]
-        self._require(not reserved, "tags", f"{reserved} use a reserved prefix", "drop the aws: / spotray: prefix")
+        self.require(not reserved, "tags", f"{reserved} use a reserved prefix", "drop the aws: / spotray: prefix")
         if self.training.enabled:
             self.job_image()
             self.job_pool()
@@ -359,7 +340,7 @@ class StackConfig(_Section):
         if not self.region:
             raise ConfigError("aws:region", "is not set", "pulumi config set aws:region us-west-2")
         wrong = [az for az in self.network.availability_zones if not az.startswith(self.region)]
-        self._require(not wrong, "network.availability_zones", f"{wrong} are not in region {self.region}",
+        self.require(not wrong, "network.availability_zones", f"{wrong} are not in region {self.region}",
                       f"use zones of {self.region}")
         _no_overlap(self, [("network.vpc_cidr", self.network.vpc_cidr),
                            ("kubernetes.service_cidr", self.kubernetes.service_cidr)])
@@ -367,9 +348,9 @@ class StackConfig(_Section):
     def job_image(self, override: str | None = None) -> str:
         """The training image: ``override`` (``spotray submit --image``) or the stack's."""
         image = override or self.training.image
-        self._require(bool(image), "training.image", "is not set for this stack",
+        self.require(bool(image), "training.image", "is not set for this stack",
                       "pass --image <registry>/<repository>:<tag>, or set spotray:training.image")
-        self._require(":" in image.rsplit("/", 1)[-1], "training.image", f"{image!r} has no tag",
+        self.require(":" in image.rsplit("/", 1)[-1], "training.image", f"{image!r} has no tag",
                       "use the image built from training/Dockerfile with an explicit tag, e.g. <ecrUrl>:<git sha>")
         return image
 
@@ -377,9 +358,9 @@ class StackConfig(_Section):
         """The GPU pool training runs on: ``override`` (``--gpu-pool``), the stack's, or its first pool."""
         pools = [p.name for p in self.gpu_pools]
         pool = override or self.training.gpu_pool or (pools[0] if pools else "")
-        self._require(bool(pool), "training.gpu_pool", "is not set for this stack",
+        self.require(bool(pool), "training.gpu_pool", "is not set for this stack",
                       "pass --gpu-pool, or set spotray:training.gpuPool to the spotray.dev/pool label of its GPU nodes")
-        self._require(not pools or pool in pools, "training.gpu_pool",
+        self.require(not pools or pool in pools, "training.gpu_pool",
                       f"{pool!r} is not a GPU pool of stack {self.stack}", f"use one of {pools}")
         return pool
 
@@ -405,7 +386,7 @@ def from_values(project: str, stack: str, values: Mapping[str, Any], region: str
     """``values``: the ``spotray:`` keys without their namespace, as Pulumi or the stack file gives them;
     ``project_dir``: where paths in them are relative to (default: the working directory, as under Pulumi)."""
     try:
-        cfg = _read(StackConfig, values, "", _defaults(stack, values), project=project, stack=stack, region=region)
+        cfg = read(StackConfig, values, "", _defaults(stack, values), project=project, stack=stack, region=region)
     except ConfigError as exc:
         raise exc.within(f"{NAMESPACE}:") from None
     if not cfg.training.enabled:
@@ -416,11 +397,11 @@ def from_values(project: str, stack: str, values: Mapping[str, Any], region: str
 def _defaults(stack: str, values: Mapping[str, Any]) -> dict[type, dict[str, Any]]:
     """Defaults that depend on the stack: the environment is the stack's name, prod gets a NAT gateway per zone,
     and an AWS stack reads its AWS sections even when the file leaves them out (their own defaults apply)."""
-    environment = values.get(_key(StackConfig, "environment")) or stack
+    environment = values.get(key_of(StackConfig, "environment")) or stack
     defaults = {StackConfig: {"environment": stack}, NetworkConfig: {"nat_gateways": "perAz" if environment == "prod"
                                                                      else "single"}}
-    aws_keys = [_key(StackConfig, name) for name in _AWS_ONLY]
-    if values.get(_key(StackConfig, "platform"), "aws") == "existing":
+    aws_keys = [key_of(StackConfig, name) for name in _AWS_ONLY]
+    if values.get(key_of(StackConfig, "platform"), "aws") == "existing":
         given = [key for key in aws_keys if values.get(key)]
         if given:
             raise ConfigError(given[0], "is not used on platform existing (no AWS resources)",
@@ -435,106 +416,9 @@ def _run_config(cfg: StackConfig, project_dir: Path | None) -> Any:
 
     path = (project_dir or Path.cwd()) / cfg.training.config
     if not path.is_file():
-        raise ConfigError(f"{NAMESPACE}:{_key(StackConfig, 'training.config')}", f"{path} is not a file",
+        raise ConfigError(f"{NAMESPACE}:{key_of(StackConfig, 'training.config')}", f"{path} is not a file",
                           "name the training YAML, relative to the project directory")
     return load(str(path))
-
-
-def _key(cls: type, path: str) -> str:
-    """The stack-file key of a field path: ``network.availability_zones`` -> ``network.availabilityZones``; past
-    the last section the path names map keys (``gpu_hour_price_usd.spot`` -> ``gpuHourPriceUsd.spot``)."""
-    keys = []
-    for name in path.split("."):
-        if cls is None:
-            keys.append(name)
-            continue
-        keys.append(next(f for f in dataclasses.fields(cls) if f.name == name).metadata["key"])
-        cls = _section_type(typing.get_type_hints(cls)[name])
-    return ".".join(keys)
-
-
-def _section_type(hint: Any) -> type | None:
-    """The dataclass a field holds (itself, optional, or a tuple of them), if any."""
-    candidates = [hint, *typing.get_args(hint)]
-    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
-
-
-def _read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], **context: Any) -> Any:
-    """``cls`` from its section ``raw`` of the stack file at ``path``: each field under its key, read by its type.
-    ``defaults`` give absent keys values (read like given ones); ``context`` fills fields not in the file."""
-    raw = _mapping(raw, path)
-    settings = {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
-    unknown = sorted(set(raw) - set(settings))
-    if unknown:
-        raise ConfigError(_join(path, unknown[0]), "is not a setting here", f"use only {', '.join(sorted(settings))}")
-    hints = typing.get_type_hints(cls)
-    kwargs = dict(context)
-    for key, f in settings.items():
-        if key in raw or f.name in defaults.get(cls, {}):
-            value = raw[key] if key in raw else defaults[cls][f.name]
-            parse = f.metadata["parse"] or (lambda v, k, hint=hints[f.name]: _typed(hint, v, k, defaults))
-            kwargs[f.name] = parse(value, _join(path, key))
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        raise exc.within(f"{path}." if path else "") from None
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _typed(hint: Any, value: Any, key: str, defaults: dict[type, dict[str, Any]]) -> Any:
-    """``value`` as the field type ``hint`` wants it, or a ConfigError naming ``key``."""
-    if hint is Any:
-        return value
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        if value is None:
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if dataclasses.is_dataclass(hint):
-        return _read(hint, value, key, defaults)
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is tuple:
-        return tuple(_typed(args[0], v, f"{key}[{i}]", defaults) for i, v in enumerate(_list(value, key)))
-    if origin is Mapping:
-        return {str(k): _map_value(args[1], v, f"{key}.{k}") for k, v in _mapping(value, key).items()}
-    return _scalar(hint, value, key)
-
-
-def _map_value(hint: type, value: Any, key: str) -> Any:
-    """Labels and tags are strings; YAML reads some of them as numbers or booleans."""
-    if hint is str and isinstance(value, int | float | bool):
-        return str(value)
-    return _scalar(hint, value, key)
-
-
-_SCALARS = {
-    str: (lambda v: isinstance(v, str), "a string", "quote it"),
-    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number", "set a whole number"),
-    float: (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number", "set a number"),
-    bool: (lambda v: isinstance(v, bool), "true or false", "set true or false"),
-}
-
-
-def _scalar(hint: type, value: Any, key: str) -> Any:
-    ok, what, fix = _SCALARS[hint]
-    if not ok(value):
-        raise ConfigError(key, f"must be {what}, got {value!r}", fix)
-    return float(value) if hint is float else value
-
-
-def _mapping(value: Any, key: str) -> Mapping:
-    if value is not None and not isinstance(value, Mapping):
-        raise ConfigError(key, f"must be a mapping, got {type(value).__name__}",
-                          f"write it as an object, e.g. `pulumi config set --path '{NAMESPACE}:{key}.field' value`")
-    return value or {}
-
-
-def _list(value: Any, key: str) -> list:
-    if not isinstance(value, list | tuple):
-        raise ConfigError(key, f"must be a list, got {value!r}", "write it as a YAML list")
-    return list(value)
 
 
 def from_pulumi() -> StackConfig:
@@ -542,7 +426,7 @@ def from_pulumi() -> StackConfig:
     import pulumi
 
     config = pulumi.Config(NAMESPACE)
-    kubeconfig = _key(StackConfig, "kubeconfig")
+    kubeconfig = key_of(StackConfig, "kubeconfig")
     keys = [f.metadata["key"] for f in dataclasses.fields(StackConfig) if "key" in f.metadata]
     values = {key: _decoded(config.get(key)) for key in keys if key != kubeconfig and config.get(key) is not None}
     if config.get(kubeconfig) is not None:
