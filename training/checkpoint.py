@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
 from training.errors import CheckpointError
+from training.save_budget import SaveFailureBudget
 from training.storage import Location
 
 log = logging.getLogger(__name__)
@@ -228,16 +229,16 @@ class _RawReader(FileSystemReader):
 class Checkpointer:
     """Saves and restores a dict of ``Stateful`` objects; one per training attempt, on every rank.
 
-    A failed save (a storage outage) never stops training: it is retried at later steps with a doubling gap,
-    and the run stops only once saves have kept failing for ``failure_budget_s``. Every decision here is
-    taken at the same step on every rank, because DCP reports a failure to all ranks alike."""
+    A failed save (a storage outage) never stops training: ``SaveFailureBudget`` says when to try again and when
+    to give up. Every decision here is taken at the same step on every rank, because DCP reports a failure to all
+    ranks alike."""
 
-    def __init__(self, run_root: Location, keep_last: int, async_save: bool, rank: int, world_size: int,
+    def __init__(self, run_root: Location, *, rank: int, world_size: int, keep_last: int, async_save: bool = False,
                  failure_budget_s: float = 900.0, max_retry_gap: int = 50):
         self.root = checkpoints_root(run_root)
         self.keep_last, self.async_save = keep_last, async_save
         self.rank, self.world_size = rank, world_size
-        self.failure_budget_s, self.max_retry_gap = failure_budget_s, max_retry_gap
+        self.failures = SaveFailureBudget(failure_budget_s, max_retry_gap)
         # Checkpoint collectives run on their own gloo group so an async save never interleaves with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
@@ -245,25 +246,25 @@ class Checkpointer:
         self._stager = _persistent_stager() if async_save else None
         self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
         self.last_committed: CommittedCheckpoint | None = None
-        self.failed_saves = 0
-        self._failing_since: float | None = None
-        self._consecutive_failures = 0
-        self._retry_at: int | None = None
 
     def agree(self, value):
         """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens."""
         return _broadcast(value, self._group)
 
+    @property
+    def failed_saves(self) -> int:
+        return self.failures.failed_saves
+
     def retry_due(self, step: int) -> bool:
         """A save failed and its retry is due at this step."""
-        return self._retry_at is not None and step >= self._retry_at
+        return self.failures.retry_due(step)
 
     def save(self, step: int, state: dict, blocking: bool = False) -> CommittedCheckpoint | None:
         """Save ``state`` as of ``step``. Sync (or ``blocking``): returns it once committed, or None if it failed.
         Async: returns the previous save (waited for, so at most one is in flight) and lets this one finish in
         the background."""
         previous = self.wait()
-        self._retry_at = None
+        self.failures.saving()
         location = self.root.child(_step_dir_name(step))
         writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
                                    on_commit=self._schedule_retention)
@@ -297,7 +298,7 @@ class Checkpointer:
         """Commit ``step``, retrying with backoff through an outage until it succeeds or the budget runs out."""
         committed = self.ensure_saved(step, state)
         while committed is None:
-            time.sleep(min(2.0 ** self._consecutive_failures, 30.0))
+            time.sleep(self.failures.final_wait_s())
             committed = self.save(step, state, blocking=True)
         return committed
 
@@ -318,31 +319,28 @@ class Checkpointer:
         return self._succeeded(step)
 
     def _succeeded(self, step: int) -> CommittedCheckpoint:
-        if self._failing_since is not None and self.rank == 0:
-            log.warning("checkpoint of step %d committed: storage is back after %d failed saves", step,
-                        self._consecutive_failures)
-        self._failing_since, self._consecutive_failures = None, 0
+        failed = self.failures.succeeded()
+        if failed and self.rank == 0:
+            log.warning("checkpoint of step %d committed: storage is back after %d failed saves", step, failed)
         self.last_committed = CommittedCheckpoint(step, self.root.child(_step_dir_name(step)), self.world_size, {},
                                                   time.time())
         return self.last_committed
 
     def _failed(self, step: int, exc: BaseException) -> None:
-        self.failed_saves += 1
-        self._consecutive_failures += 1
+        budget = self.failures
         now = time.time()
-        self._failing_since = self._failing_since or now
-        failing_for = _broadcast(now - self._failing_since, self._group)  # rank 0's clock decides for all
+        budget.failed(step, now)
+        failing_for = _broadcast(budget.seconds_failing(now), self._group)  # rank 0's clock decides for all
         reason = _first_line(exc)
-        if failing_for >= self.failure_budget_s:
+        if budget.exhausted(failing_for):
             raise CheckpointError(
-                f"checkpoint saves have failed for {failing_for:.0f}s ({self._consecutive_failures} in a row, last "
-                f"at step {step}: {reason}); checkpoint.save_failure_budget_s={self.failure_budget_s:g} is used up: "
-                f"fix access to {self.root.url} or raise the budget")
-        self._retry_at = step + min(2 ** (self._consecutive_failures - 1), self.max_retry_gap)
+                f"checkpoint saves have failed for {failing_for:.0f}s ({budget.in_a_row} in a row, last at step "
+                f"{step}: {reason}); checkpoint.save_failure_budget_s={budget.budget_s:g} is used up: fix access to "
+                f"{self.root.url} or raise the budget")
         if self.rank == 0:
             log.warning("checkpoint of step %d failed (%s); training continues, next try at step %d "
                         "(%d failed in a row over %.0fs, budget %gs); nothing partial is ever resumed from", step,
-                        reason, self._retry_at, self._consecutive_failures, failing_for, self.failure_budget_s)
+                        reason, budget.retry_at, budget.in_a_row, failing_for, budget.budget_s)
 
     def _schedule_retention(self) -> None:
         """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""

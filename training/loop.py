@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training import ledger
-from training.checkpoint import Checkpointer, RestorePrefetch, RngState
+from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState
 from training.config import TrainConfig
 from training.data.dataset import TokenDataset
 from training.model import GPT, GPTShape
@@ -29,7 +29,7 @@ from training.optim import allocate_state, build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
 from training.storage import Location, resolve
-from training.telemetry import Telemetry, peak_flops
+from training.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class _StepRunner:
 
 
 @dataclass
-class Training:
+class TrainingParts:
     """Everything one worker trains with; ``state`` is what a checkpoint saves and restores."""
 
     dataset: TokenDataset
@@ -151,7 +151,7 @@ class Training:
     step: _StepRunner
 
 
-def build_training(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> Training:
+def build_parts(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> TrainingParts:
     """``init_weights=False`` when a checkpoint will overwrite the weights and the optimizer state: they are then
     only allocated (random init of a large model is slow, and so is computing an optimizer state to discard)."""
     torch.manual_seed(cfg.seed)
@@ -174,58 +174,48 @@ def build_training(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) 
     progress = Progress()
     state = {"model": ModelOptimState(model, optimizer), "scheduler": scheduler, "sampler": sampler,
              "progress": progress, "rng": RngState(env.rank)}
-    step = _StepRunner(cfg, model, optimizer, scheduler, env)
-    return Training(dataset, shape, model, optimizer, scheduler, sampler, progress, state, step)
+    return TrainingParts(dataset=dataset, shape=shape, model=model, optimizer=optimizer, scheduler=scheduler,
+                         sampler=sampler, progress=progress, state=state,
+                         step=_StepRunner(cfg, model, optimizer, scheduler, env))
 
 
 def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
     entered_at = time.time()
     root = run_root(cfg)
-    checkpointer = Checkpointer(root, cfg.checkpoint.keep_last, cfg.checkpoint.async_save, env.rank, env.world_size,
-                                cfg.checkpoint.save_failure_budget_s, max_retry_gap=cfg.checkpoint.every_steps)
+    checkpointer = Checkpointer(root, rank=env.rank, world_size=env.world_size, keep_last=cfg.checkpoint.keep_last,
+                                async_save=cfg.checkpoint.async_save,
+                                failure_budget_s=cfg.checkpoint.save_failure_budget_s,
+                                max_retry_gap=cfg.checkpoint.every_steps)
     candidates = checkpointer.committed()
     prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
-    t = build_training(cfg, env, init_weights=not candidates)
-    progress, state = t.progress, t.state
-    options = cfg.storage.options()
+    parts = build_parts(cfg, env, init_weights=not candidates)
     restore_started = time.time()
-    restored = checkpointer.restore_latest(state, per_rank_keys=("rng",), prefetch=prefetch, candidates=candidates)
+    restored = checkpointer.restore_latest(parts.state, per_rank_keys=("rng",), prefetch=prefetch,
+                                           candidates=candidates)
     restore_s = time.time() - restore_started
-    if restored is None:
-        torch.manual_seed(cfg.seed + env.rank)
-    elif restored.world_size != env.world_size:
-        torch.manual_seed(cfg.seed + 1_000_003 * progress.step + env.rank)
-        log.info("resumed step %d saved by %d workers on %d: RNG reseeded", progress.step, restored.world_size,
-                 env.world_size)
-    if env.rank == 0:
-        log.info("%s at step %d (%s)", "resumed" if restored else "starting", progress.step,
-                 restored.url if restored else "no checkpoint")
-
-    attempt = ledger.AttemptInfo(_shared_attempt_id(), progress.step, env.world_size, cfg.per_worker_batch)
-    attempts_root = root.child("attempts")
-    records = ledger.RecordWriter()
-    losses = ledger.LossLog(attempts_root, attempt.attempt_id, records)
-    audit = None
-    if cfg.audit_dir:
-        audit_root = resolve(cfg.audit_dir, options)
-        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank, records)
-        if env.rank == 0:
-            ledger.write_attempt(audit_root, attempt)
-    if env.rank == 0:
-        ledger.write_attempt(attempts_root, attempt)
-    last_step = cfg.train.stop_at_step or cfg.train.max_steps
-    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
-    telemetry = Telemetry(env.rank == 0, attempts_root, attempt, entered_at, cfg.train.max_steps, tokens_per_step,
-                          t.shape.flops_per_token(), peak_flops(cfg.train.peak_tflops, env.device), cfg.run.name,
-                          records)
+    _seed_after_restore(cfg, env, parts.progress.step, restored)
+    records = _open_records(cfg, env, root, parts.progress.step)
+    telemetry = _telemetry(cfg, env, records, entered_at, parts.shape)
     telemetry.started(restore_started - entered_at, restore_s)
     try:
-        return _train_steps(cfg, env, t, checkpointer, _Records(attempt, attempts_root, records, losses, audit),
-                            telemetry, last_step)
+        return _StepLoop(cfg, env, parts, checkpointer, records, telemetry).run()
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         telemetry.failed(exc)
         raise
+
+
+def _seed_after_restore(cfg: TrainConfig, env: WorkerEnv, step: int, restored: CommittedCheckpoint | None) -> None:
+    """A checkpoint of the same world size restored every rank's RNG; otherwise each rank seeds its own."""
+    if restored is None:
+        torch.manual_seed(cfg.seed + env.rank)
+    elif restored.world_size != env.world_size:
+        torch.manual_seed(cfg.seed + 1_000_003 * step + env.rank)
+        log.info("resumed step %d saved by %d workers on %d: RNG reseeded", step, restored.world_size,
+                 env.world_size)
+    if env.rank == 0:
+        log.info("%s at step %d (%s)", "resumed" if restored else "starting", step,
+                 restored.url if restored else "no checkpoint")
 
 
 @dataclass(frozen=True)
@@ -239,82 +229,132 @@ class _Records:
     audit: ledger.AuditLog | None
 
 
-def _train_steps(cfg: TrainConfig, env: WorkerEnv, t: Training, checkpointer: Checkpointer, records: _Records,
-                 telemetry: Telemetry, last_step: int) -> dict:
-    sampler, progress, state = t.sampler, t.progress, t.state
-    losses, audit = records.losses, records.audit
-    prefetch = _Prefetcher(t.dataset)
-    pending_losses: list[tuple[int, torch.Tensor, float]] = []
-    tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
-    timed_steps, timed_seconds = 0, 0.0
-
-    def flush_logs(durable: bool = False) -> None:
-        """Queue the records; ``durable`` (before a checkpoint) waits for them unless storage is failing."""
-        _reduce_losses(pending_losses, tokens_per_step, losses)
-        pending_losses.clear()
+def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, from_step: int) -> _Records:
+    attempt = ledger.AttemptInfo(_shared_attempt_id(), from_step, env.world_size, cfg.per_worker_batch)
+    attempts_root = root.child("attempts")
+    writer = ledger.RecordWriter()
+    audit = None
+    if cfg.audit_dir:
+        audit_root = resolve(cfg.audit_dir, cfg.storage.options())
+        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank, writer)
         if env.rank == 0:
-            losses.flush()
-        if audit:
-            audit.flush()
+            ledger.write_attempt(audit_root, attempt)
+    if env.rank == 0:
+        ledger.write_attempt(attempts_root, attempt)
+    return _Records(attempt, attempts_root, writer, ledger.LossLog(attempts_root, attempt.attempt_id, writer), audit)
+
+
+def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: _Records, entered_at: float, shape: GPTShape) -> Telemetry:
+    if env.rank != 0:
+        return Telemetry()
+    return RankZeroTelemetry(
+        attempts_root=records.root, attempt=records.attempt, entered_at=entered_at, max_steps=cfg.train.max_steps,
+        tokens_per_step=cfg.train.global_batch_size * cfg.train.seq_len, flops_per_token=shape.flops_per_token(),
+        peak=peak_flops(cfg.train.peak_tflops, env.device), run_name=cfg.run.name, writer=records.writer)
+
+
+class _StepLoop:
+    """One attempt's steps, and what happens at three cadences: a log line, a checkpoint, a preemption check."""
+
+    def __init__(self, cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointer: Checkpointer,
+                 records: _Records, telemetry: Telemetry):
+        self.cfg, self.env, self.parts = cfg, env, parts
+        self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
+        self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
+        self.tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
+        self.prefetch = _Prefetcher(parts.dataset)
+        self.pending_losses: list[tuple[int, torch.Tensor, float]] = []
+        self.timed_steps, self.timed_seconds = 0, 0.0
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        while self.parts.progress.step < self.last_step:
+            step = self._train_step()
+            if step % cfg.train.log_every == 0 or step == self.last_step:
+                self._log(step)
+            if step % cfg.checkpoint.every_steps == 0 or self.checkpointer.retry_due(step):
+                self._checkpoint(step)
+            if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < self.last_step:
+                self._check_preemption(step)
+        self._commit_final()
+        return self._finish()
+
+    def _train_step(self) -> int:
+        parts, env = self.parts, self.env
+        started = time.perf_counter()
+        ids = parts.sampler.next_batch(env.rank, env.world_size)
+        upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
+        batch = self.prefetch.get(ids, upcoming if parts.progress.step + 1 < self.last_step else None)
+        loss = parts.step(batch)
+        seconds = time.perf_counter() - started
+        parts.progress.step += 1
+        step = parts.progress.step
+        self.pending_losses.append((step, loss, seconds))
+        self.telemetry.step_done(seconds)
+        if self.records.audit:
+            self.records.audit.record(ids)
+        if step > 1:  # the first step warms up kernels and allocators
+            self.timed_steps, self.timed_seconds = self.timed_steps + 1, self.timed_seconds + seconds
+        return step
+
+    def _flush_logs(self, durable: bool = False) -> None:
+        """Queue the records; ``durable`` (before a checkpoint) waits for them unless storage is failing."""
+        records = self.records
+        _reduce_losses(self.pending_losses, self.tokens_per_step, records.losses)
+        self.pending_losses.clear()
+        if self.env.rank == 0:
+            records.losses.flush()
+        if records.audit:
+            records.audit.flush()
         if durable:
             records.writer.flush()
 
-    def save(blocking: bool = False) -> None:
+    def _log(self, step: int) -> None:
+        self._flush_logs()  # also the record of how far this attempt got, should it die before its next save
+        self.telemetry.logged(step, self.records.losses.losses[step], self.parts.scheduler.get_last_lr()[0],
+                              self.checkpointer.failed_saves, self.checkpointer.last_committed)
+
+    def _checkpoint(self, step: int) -> None:
+        self._flush_logs(durable=True)
         started = time.perf_counter()
-        committed = checkpointer.save(progress.step, state, blocking=blocking)
-        telemetry.checkpoint(time.perf_counter() - started, checkpointer.last_save_s)
+        committed = self.checkpointer.save(step, self.parts.state)
+        self.telemetry.checkpoint(time.perf_counter() - started, self.checkpointer.last_save_s)
         if committed:
-            env.report({"step": committed.step})
+            self.env.report({"step": committed.step})
 
-    while progress.step < last_step:
+    def _check_preemption(self, step: int) -> None:
+        deadline = self.env.preemption_deadline()
+        if deadline is not None:
+            self._flush_logs(durable=True)
+            _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry)
+
+    def _commit_final(self) -> None:
+        self._flush_logs(durable=True)
         started = time.perf_counter()
-        ids = sampler.next_batch(env.rank, env.world_size)
-        upcoming = sampler.rank_slice(sampler.consumed, env.rank, env.world_size)
-        batch = prefetch.get(ids, upcoming if progress.step + 1 < last_step else None)
-        loss = t.step(batch)
-        seconds = time.perf_counter() - started
-        progress.step += 1
-        pending_losses.append((progress.step, loss, seconds))
-        telemetry.step_done(seconds)
-        if audit:
-            audit.record(ids)
-        step = progress.step
-        if step > 1:
-            timed_steps, timed_seconds = timed_steps + 1, timed_seconds + seconds
-        if step % cfg.train.log_every == 0 or step == last_step:
-            flush_logs()  # also the record of how far this attempt got, should it die before its next save
-            telemetry.logged(step, losses.losses[step], t.scheduler.get_last_lr()[0], checkpointer.failed_saves,
-                             checkpointer.last_committed)
-        if step % cfg.checkpoint.every_steps == 0 or checkpointer.retry_due(step):
-            flush_logs(durable=True)
-            save()
-        if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < last_step:
-            deadline = env.preemption_deadline()
-            if deadline is not None:
-                flush_logs(durable=True)
-                _survive_preemption(deadline, step, checkpointer, state, env, telemetry)
+        committed = self.checkpointer.commit_final(self.parts.progress.step, self.parts.state)
+        self.telemetry.checkpoint(time.perf_counter() - started, self.checkpointer.last_save_s)
+        self.checkpointer.close()
+        self.env.report({"step": committed.step})
 
-    flush_logs(durable=True)
-    started = time.perf_counter()
-    committed = checkpointer.commit_final(progress.step, state)
-    telemetry.checkpoint(time.perf_counter() - started, checkpointer.last_save_s)
-    checkpointer.close()
-    env.report({"step": committed.step})
-    final = {
-        "final_step": progress.step,
-        "final_loss": losses.losses.get(progress.step),
-        "samples_consumed": sampler.consumed,
-        "param_sha256": param_sha256(t.model),
-        "tokens_per_s": timed_steps * tokens_per_step / timed_seconds if timed_seconds else None,
-        "attempt_id": records.attempt.attempt_id,
-        "failed_saves": checkpointer.failed_saves,
-    }
-    telemetry.finished()
-    records.writer.close(timeout_s=max(60.0, cfg.checkpoint.save_failure_budget_s))
-    if env.rank == 0:
-        ledger.write_final(records.root, records.attempt.attempt_id, final)
-    env.report(final)
-    return final
+    def _finish(self) -> dict:
+        """The run's final metrics, recorded in the ledger by rank 0 and reported to Ray."""
+        parts, records = self.parts, self.records
+        final = {
+            "final_step": parts.progress.step,
+            "final_loss": records.losses.losses.get(parts.progress.step),
+            "samples_consumed": parts.sampler.consumed,
+            "param_sha256": param_sha256(parts.model),
+            "tokens_per_s": (self.timed_steps * self.tokens_per_step / self.timed_seconds if self.timed_seconds
+                             else None),
+            "attempt_id": records.attempt.attempt_id,
+            "failed_saves": self.checkpointer.failed_saves,
+        }
+        self.telemetry.finished()
+        records.writer.close(timeout_s=max(60.0, self.cfg.checkpoint.save_failure_budget_s))
+        if self.env.rank == 0:
+            ledger.write_final(records.root, records.attempt.attempt_id, final)
+        self.env.report(final)
+        return final
 
 
 PREEMPTION_WAIT_GRACE_S = 30.0

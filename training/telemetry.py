@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peak per device, TFLOP/s (vendor data sheets); the longest matching name wins.
-PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0, "A10G": 70.0, "A10": 125.0,
-               "T4": 65.0}
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "L40": 181.0, "L4": 121.0, "A10G": 70.0,
+               "A10": 125.0, "T4": 65.0}
 
 GAUGES = {
     "step": "last trained step",
@@ -65,9 +65,14 @@ def peak_flops(configured_tflops: float | None, device: torch.device) -> float |
         return configured_tflops * 1e12
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    matches = [key for key in PEAK_TFLOPS if key in name]
-    return PEAK_TFLOPS[max(matches, key=len)] * 1e12 if matches else None
+    tflops = known_peak_tflops(torch.cuda.get_device_name(device))
+    return tflops * 1e12 if tflops else None
+
+
+def known_peak_tflops(device_name: str) -> float | None:
+    """``PEAK_TFLOPS`` of the longest key in the name (``NVIDIA A10G`` is an A10G, not an A10)."""
+    matches = [key for key in PEAK_TFLOPS if key in device_name]
+    return PEAK_TFLOPS[max(matches, key=len)] if matches else None
 
 
 class Gauges:
@@ -108,14 +113,40 @@ class Past:
 
 
 class Telemetry:
-    """Does nothing on ranks other than 0."""
+    """What ranks other than 0 report: nothing. Rank 0 reports through ``RankZeroTelemetry``."""
 
-    def __init__(self, enabled: bool, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float,
-                 max_steps: int, tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
+    def started(self, startup_s: float, restore_s: float) -> None:
+        """The attempt's start-up and restore took this long."""
+
+    def step_done(self, seconds: float) -> None:
+        """A step took ``seconds``."""
+
+    def logged(self, step: int, loss: float, lr: float, failed_saves: int,
+               last_checkpoint: CommittedCheckpoint | None) -> None:
+        """A log interval ended at ``step``."""
+
+    def checkpoint(self, blocking_s: float, save_s: float | None) -> None:
+        """Training waited ``blocking_s`` for a save that took ``save_s`` end to end."""
+
+    def notice(self, step: int, at: float, committed: bool) -> None:
+        """A preemption notice came at ``step``; ``committed``: its emergency checkpoint did."""
+
+    def drain_wait(self, seconds: float) -> None:
+        """Waited this long after an emergency checkpoint for the node to go."""
+
+    def failed(self, exc: BaseException) -> None:
+        """The attempt ends with ``exc``."""
+
+    def finished(self) -> None:
+        """The run is complete."""
+
+
+class RankZeroTelemetry(Telemetry):
+    """Rank 0's view: the attempt's clock in storage, live goodput, log lines and gauges."""
+
+    def __init__(self, *, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float, max_steps: int,
+                 tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
                  writer: ledger.RecordWriter):
-        self.enabled = enabled
-        if not enabled:
-            return
         self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer)
         self.gauges = Gauges(run_name)
         self.max_steps, self.tokens_per_step = max_steps, tokens_per_step
@@ -145,16 +176,12 @@ class Telemetry:
         return self._past
 
     def started(self, startup_s: float, restore_s: float) -> None:
-        if not self.enabled:
-            return
         self.clock.add("startup", startup_s)
         self.clock.add("restore", restore_s)
         self.gauges.set(checkpoint_restore_seconds=restore_s)
         self.clock.flush()
 
     def step_done(self, seconds: float) -> None:
-        if not self.enabled:
-            return
         if self.clock.status["first_step_at"] is None:
             self.clock.update(first_step_at=time.time())
         self.productive_s += seconds
@@ -162,9 +189,7 @@ class Telemetry:
 
     def logged(self, step: int, loss: float, lr: float, failed_saves: int,
                last_checkpoint: CommittedCheckpoint | None) -> None:
-        """At each log interval: one log line, the gauges and the attempt's status in storage."""
-        if not self.enabled:
-            return
+        """One log line, the gauges and the attempt's status in storage."""
         tokens_per_s = self.window_steps * self.tokens_per_step / self.window_s if self.window_s else None
         mfu = tokens_per_s * self.flops_per_token / self.peak_total if tokens_per_s and self.peak_total else None
         past = self.past()
@@ -184,32 +209,26 @@ class Telemetry:
                  f" mfu {100 * mfu:.1f}%" if mfu else "")
 
     def checkpoint(self, blocking_s: float, save_s: float | None) -> None:
-        if not self.enabled:
-            return
         self.clock.add("checkpoint_save", blocking_s)
         self.gauges.set(checkpoint_blocking_seconds=blocking_s, checkpoint_save_seconds=save_s)
 
     def notice(self, step: int, at: float, committed: bool) -> None:
-        if not self.enabled:
-            return
         self.clock.update(notice={"step": step, "at": at, "committed": committed})
         self.gauges.set(emergency_checkpoint=1.0 if committed else 0.0)
         self.clock.flush()
 
     def drain_wait(self, seconds: float) -> None:
-        if self.enabled:
-            self.clock.add("drain_wait", seconds)
-            self.clock.flush()
+        self.clock.add("drain_wait", seconds)
+        self.clock.flush()
 
     def failed(self, exc: BaseException) -> None:
         """Records why the attempt ended; a collective broken by a vanished peer is the peer's loss, not an error."""
-        if self.enabled and not lost_peer(exc):
+        if not lost_peer(exc):
             self.clock.update(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
             self.clock.flush()
 
     def finished(self) -> None:
-        if self.enabled:
-            self.clock.flush()
+        self.clock.flush()
 
     def _time_by_category(self) -> dict[str, float]:
         """Earlier attempts plus this one's clock; ``other`` is whatever else the wall time since the start held."""

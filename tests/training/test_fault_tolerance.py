@@ -14,7 +14,7 @@ from training.checkpoint import Checkpointer, checkpoints_root, list_committed
 from training.launch import failure_config
 from training.loop import WorkerEnv, _survive_preemption
 from training.storage import resolve
-from training.telemetry import Telemetry
+from training.telemetry import RankZeroTelemetry
 
 
 @pytest.mark.parametrize(("failures", "preemptions"), [(0, -1), (-1, 0), (3, 7)])
@@ -44,7 +44,8 @@ def test_a_deadline_too_short_for_a_save_is_logged_and_recorded_and_training_goe
     checkpointer.last_save_s = 10.0  # the last save took 10 s; the notice leaves 2
     attempts, info, writer = root.child("attempts"), ledger.AttemptInfo("a1", 0, 1, 4), ledger.RecordWriter()
     ledger.write_attempt(attempts, info)
-    telemetry = Telemetry(True, attempts, info, time.time(), 100, 512, 1e6, None, "ft", writer)
+    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
+                                  tokens_per_step=512, flops_per_token=1e6, peak=None, run_name="ft", writer=writer)
     reports: list[dict] = []
     env = WorkerEnv(0, 1, torch.device("cpu"), reports.append)
     started = time.monotonic()

@@ -10,7 +10,7 @@ import pytest
 from training import goodput, ledger
 from training.progress import ProgressMonitor
 from training.storage import resolve
-from training.telemetry import Telemetry
+from training.telemetry import RankZeroTelemetry
 
 
 def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict) -> None:
@@ -139,7 +139,8 @@ def test_a_resuming_attempt_exports_the_badput_so_far_counting_the_steps_it_will
     root.child("c", goodput.STATUS_FILE).write_text(json.dumps({"entered_at": 1215.0, "startup_s": 3.0,
                                                                 "restore_s": 2.0, "last_seen": 1216.0}))
     writer = ledger.RecordWriter()
-    telemetry = Telemetry(True, root, info, 1215.0, 100, 512, 1e6, None, "r", writer)
+    telemetry = RankZeroTelemetry(attempts_root=root, attempt=info, entered_at=1215.0, max_steps=100,
+                                  tokens_per_step=512, flops_per_token=1e6, peak=None, run_name="r", writer=writer)
     telemetry.started(startup_s=3.0, restore_s=2.0)
     telemetry.step_done(1.5)
     seconds = telemetry._time_by_category()

@@ -6,11 +6,12 @@ import threading
 import time
 import urllib.request
 
+import pytest
 import torch
 
 from tests.training.configs import make_config
 from training import launch
-from training.telemetry import GAUGES, TIME_GAUGE, lost_peer, peak_flops
+from training.telemetry import GAUGES, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
 
 
 def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
@@ -23,6 +24,15 @@ def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
 def test_peak_flops_is_configured_or_unknown_on_cpu():
     assert peak_flops(989.0, torch.device("cpu")) == 989e12
     assert peak_flops(None, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize(("device_name", "tflops"), [
+    ("NVIDIA A10", 125.0), ("NVIDIA A10G", 70.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 NVL", 989.4), ("NVIDIA H200", 989.4), ("NVIDIA L4", 121.0),
+    ("NVIDIA L40", 181.0), ("NVIDIA L40S", 362.1), ("Tesla T4", 65.0), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_a_gpu_gets_its_own_peak_not_that_of_a_shorter_name_inside_its_own(device_name, tflops):
+    assert known_peak_tflops(device_name) == tflops
 
 
 def scrape_spotray_gauges(port: int) -> set[str]:

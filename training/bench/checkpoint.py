@@ -25,7 +25,7 @@ from training.checkpoint import Checkpointer
 from training.drills.s3local import create_bucket, moto_server
 from training.errors import SpotrayError
 from training.launch import root_cause, start_local_ray
-from training.loop import WorkerEnv, build_training, run_root
+from training.loop import WorkerEnv, build_parts, run_root
 from training.storage import resolve
 
 _CHUNK = 8 << 20
@@ -46,14 +46,15 @@ def _worker(loop_config: dict) -> None:
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
                     lambda metrics: None)
-    t = build_training(cfg, env)
+    t = build_parts(cfg, env)
     for _ in range(2):  # populate AdamW state so the checkpoint has its real size
         t.step(t.dataset.batch(t.sampler.next_batch(env.rank, env.world_size)))
     root = run_root(cfg)
     result = {}
     train_between_s = 0.0
     for mode in ("sync", "async"):
-        ckpt = Checkpointer(root.child(mode), 1, mode == "async", env.rank, env.world_size)
+        ckpt = Checkpointer(root.child(mode), rank=env.rank, world_size=env.world_size, keep_last=1,
+                            async_save=mode == "async")
         blocked = []
         for i in range(repeats):
             dist.barrier()
