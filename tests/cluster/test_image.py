@@ -1,13 +1,26 @@
 import re
+import tomllib
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from infra.kernel.versions import RAY_GPU_IMAGE, RAY_VERSION
 from tests.repo import REPO
+
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
 def test_the_training_image_builds_on_the_pinned_ray_gpu_image():
     dockerfile = (REPO / "training" / "Dockerfile").read_text()
     assert re.search(r"^ARG RAY_IMAGE=(\S+)$", dockerfile, re.M).group(1) == RAY_GPU_IMAGE
-    assert RAY_VERSION in RAY_GPU_IMAGE
+
+
+def test_the_pinned_image_has_the_ray_and_python_the_package_requires():
+    ray = next(Requirement(d) for d in PROJECT["dependencies"] if Requirement(d).name == "ray")
+    assert Version(RAY_VERSION) in ray.specifier, f"pyproject requires {ray}, the image and RayJobs run {RAY_VERSION}"
+    major, minor = re.search(r"-py(\d)(\d+)-", RAY_GPU_IMAGE).groups()
+    assert Version(f"{major}.{minor}") in SpecifierSet(PROJECT["requires-python"])
 
 
 def test_the_training_image_leaves_out_virtualenvs_runs_and_git():

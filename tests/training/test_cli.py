@@ -1,18 +1,69 @@
-"""Bad inputs end with one clear error line on stderr and exit code 2 (no traceback)."""
+"""The training half of the command line as the training image runs it: the ``spotray`` console script with the
+``infra`` extra's packages absent (the image has none of them). Bad inputs end with one clear error line on stderr
+and exit code 2 (no traceback)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.corpus import write_corpus
+from tests.repo import REPO
+
+SPOTRAY = Path(sys.executable).parent / "spotray"
+# Every process that starts with it on its path (Ray's workers too) finds none of the extra's packages, and leaves
+# its command line in $SPOTRAY_TEST_IMPORT_LOG to show that it ran so.
+WITHOUT = """
+import importlib.abc, os, pathlib, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {modules!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+pathlib.Path(os.environ["SPOTRAY_TEST_IMPORT_LOG"], str(os.getpid())).write_text(" ".join(sys.argv))
+"""
 
 
-def spotray(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.cli", *args], capture_output=True, text=True, timeout=120)
+def infra_extra_modules() -> list[str]:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return sorted(Requirement(r).name.replace("-", "_") for r in extras["infra"])
+
+
+@pytest.fixture(scope="module")
+def without_infra(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("without-infra")
+    (site / "sitecustomize.py").write_text(WITHOUT.format(modules=infra_extra_modules()))
+    return site
+
+
+@pytest.fixture
+def image_env(without_infra, tmp_path) -> dict[str, str]:
+    (tmp_path / "processes").mkdir()
+    return {**os.environ, "PYTHONPATH": str(without_infra), "SPOTRAY_TEST_IMPORT_LOG": str(tmp_path / "processes")}
+
+
+@pytest.fixture
+def spotray(image_env):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(SPOTRAY), *args], capture_output=True, text=True, timeout=180, env=image_env)
+    return run
+
+
+def test_the_extra_is_really_absent_and_train_help_works_without_it(spotray):
+    assert "pulumi" in infra_extra_modules() and "pulumi_kubernetes" in infra_extra_modules()
+    proc = spotray("train", "--help")
+    assert proc.returncode == 0 and "--config" in proc.stdout, proc.stderr
+    assert_one_line_error(spotray("plan", "--stack", "dev", "--project-dir", str(REPO)),
+                          "spotray plan needs the Pulumi SDKs", "pip install 'spotray[infra]'")
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -23,12 +74,12 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
         assert needle in errors[0], errors[0]
 
 
-def test_missing_index(tmp_path):
+def test_missing_index(spotray, tmp_path):
     proc = spotray("train", "--set", f"data.path={tmp_path}/nothing")
     assert_one_line_error(proc, "no index.json", "spotray prepare")
 
 
-def test_wrong_dtype_in_index(dataset_url, tmp_path):
+def test_wrong_dtype_in_index(spotray, dataset_url, tmp_path):
     import shutil
 
     copy = tmp_path / "tokens"
@@ -39,20 +90,20 @@ def test_wrong_dtype_in_index(dataset_url, tmp_path):
     assert_one_line_error(spotray("train", "--set", f"data.path={copy}"), "dtype")
 
 
-def test_empty_corpus(tmp_path):
+def test_empty_corpus(spotray, tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "empty.txt").write_text("")
     assert_one_line_error(spotray("prepare", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")),
                           "empty corpus")
 
 
-def test_unknown_config_key(tmp_path):
+def test_unknown_config_key(spotray, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("data:\n  path: /x\ntrain:\n  max_stepz: 3\n")
     assert_one_line_error(spotray("train", "--config", str(config)), "train.max_stepz", "unknown key", "max_steps")
 
 
-def test_world_size_larger_than_global_batch(dataset_url):
+def test_world_size_larger_than_global_batch(spotray, dataset_url):
     proc = spotray("train", "--set", f"data.path={dataset_url}", "--set", "scaling.num_workers=16",
                    "--set", "train.global_batch_size=8")
     assert_one_line_error(proc, "scaling.num_workers", "global_batch_size")
@@ -60,11 +111,11 @@ def test_world_size_larger_than_global_batch(dataset_url):
 
 @pytest.mark.parametrize("pair,needle", [("train.lr=fast", "train.lr"), ("parallel=tp", "parallel"),
                                          ("noequals", "key=value"), ("model.preset=gpt5", "model.preset")])
-def test_bad_overrides(pair, needle, dataset_url):
+def test_bad_overrides(spotray, pair, needle, dataset_url):
     assert_one_line_error(spotray("train", "--set", f"data.path={dataset_url}", "--set", pair), needle)
 
 
-def test_prepare_then_train_from_the_command_line(tmp_path):
+def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path):
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))
     assert prep.returncode == 0, prep.stderr
@@ -78,3 +129,6 @@ def test_prepare_then_train_from_the_command_line(tmp_path):
     assert summary["final_step"] == 6 and summary["samples_consumed"] == 6 * 8
     assert len(summary["param_sha256"]) == 64 and summary["tokens_per_s"] > 0
     assert len(summary["checkpoints"]) == 2 and summary["audit"]["exactly_once"]
+    commands = [p.read_text() for p in Path(image_env["SPOTRAY_TEST_IMPORT_LOG"]).iterdir()]
+    assert any(c.split()[1:2] == ["train"] for c in commands), commands
+    assert any("default_worker.py" in c for c in commands), "Ray's workers must have run without the extra too"
