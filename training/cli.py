@@ -101,7 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training steps (throughput), saves (checkpoint), or the checkpoint interval (recovery)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
-    p.add_argument("--rounds", type=int, default=2, help="recovery bench: drills per side, interleaved")
+    p.add_argument("--rounds", type=int, default=2, help="throughput, recovery benches: runs per side, interleaved")
     p.set_defaults(func=_cmd_bench)
 
 

@@ -1,0 +1,52 @@
+"""Every ``spotray bench`` command on the tiny preset: the JSON that BENCHMARKS.md is made from has its keys, and
+its ratios are finite and positive. How fast anything is, the benches measure; these only show that they run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+SPOTRAY = Path(sys.executable).parent / "spotray"
+
+
+def bench(*args: str) -> dict:
+    proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["model"] == "tiny" and {"cpu_count", "torch", "date"} <= set(result["machine"])
+    return result
+
+
+def assert_ratios(result: dict, *keys: str) -> None:
+    for key in keys:
+        value = result[key]
+        assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
+
+
+def test_checkpoint_bench_on_s3():
+    result = bench("checkpoint", "--storage", "s3", "--steps", "2")
+    assert "local" not in result and result["repeats"] == 2
+    s3 = result["s3"]
+    assert {"checkpoint_mb", "sync_blocked_s", "async_blocked_s", "checkpoint_write_mb_s", "plain_copy_mb_s"} <= set(s3)
+    assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
+
+
+def test_throughput_bench():
+    result = bench("throughput", "--steps", "3", "--rounds", "1")
+    assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
+    assert_ratios(result, "step_time_ratio")
+
+
+def test_recovery_bench_on_local_storage():
+    # 100-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
+    result = bench("recovery", "--storage", "local", "--rounds", "1", "--steps", "100")
+    local = result["local"]
+    for side in ("baseline", "spotray"):
+        (drill,) = local[side]
+        assert drill["resumed_from"] >= 100 and drill["resumed_from"] % 100 == 0  # from a checkpoint
+        assert_ratios(drill, "recovery_s", "ray_s", "worker_s")
+    assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
