@@ -10,8 +10,8 @@ GRAFANA_ADMIN_SECRET = "grafana-admin"  # keys admin-user, admin-password: gener
 
 
 def kube_prometheus_stack_values(cfg: MonitoringConfig) -> dict:
-    """Prometheus, Alertmanager and the operator on the core pool; Prometheus keeps ``retention_days`` on its own
-    volume and picks up every monitor and rule, in any namespace, that carries ``cfg.monitor_labels``."""
+    """Prometheus, Alertmanager, Grafana and the operator on the core pool; Prometheus keeps ``retention_days`` on
+    its own volume and picks up every monitor and rule, in any namespace, that carries ``cfg.monitor_labels``."""
     selector = {"matchLabels": cfg.monitor_labels}
     return {
         "crds": {"enabled": True},
@@ -26,7 +26,8 @@ def kube_prometheus_stack_values(cfg: MonitoringConfig) -> dict:
             **{f"{kind}NamespaceSelector": {} for kind in ("serviceMonitor", "podMonitor", "rule")},
         }},
         "alertmanager": {"alertmanagerSpec": {"nodeSelector": CORE_SELECTOR}},
-        "grafana": {"admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": "admin-user",
+        "grafana": {"nodeSelector": CORE_SELECTOR,
+                    "admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": "admin-user",
                               "passwordKey": "admin-password"},
                     "sidecar": {"dashboards": {"enabled": True, **_label_and_value(DASHBOARD_LABEL),
                                                "searchNamespace": "ALL"}}},

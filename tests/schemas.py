@@ -70,3 +70,28 @@ def unknown_values_keys(values: dict, defaults: dict, prefix: str = "") -> list[
         elif isinstance(value, dict) and isinstance(defaults[key], dict) and defaults[key] and key not in FREE_FORM:
             missing += unknown_values_keys(value, defaults[key], f"{path}.")
     return missing
+
+
+# Subcharts whose values a parent passes on under their name: (parent, version) -> {key: (subchart, its version)}.
+SUBCHARTS = {("kube-prometheus-stack", "88.5.3"): {"grafana": ("grafana", "12.11.1")}}
+
+
+def pinned_chart_values(chart: str, version: str) -> dict:
+    """The values.yaml of a chart (``name``, or an ``oci://.../name`` reference) at ``version``; under a subchart's
+    key it has the keys of both, since the parent reads some of them too."""
+    name = chart.rsplit("/", 1)[-1]
+    found = sorted(shared_file("charts").glob(f"*{name}-{version}.values.yaml"))
+    if not found:
+        pytest.fail(f"no values.yaml of chart {name} {version} in {SHARED / 'charts'}: add the pinned chart's")
+    defaults = copy.deepcopy(chart_defaults(found[0].name))
+    for key, (subchart, subchart_version) in SUBCHARTS.get((name, version), {}).items():
+        defaults[key] = merged(pinned_chart_values(subchart, subchart_version), defaults.get(key) or {})
+    return defaults
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    """``overlay`` over ``base``, maps merged key by key (as Helm merges values over a chart's defaults)."""
+    out = dict(base)
+    for key, value in overlay.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

@@ -1,6 +1,7 @@
 import pytest
 
 from cluster.charts import (
+    dcgm_exporter_values,
     device_plugin_values,
     kuberay_operator_values,
     minio_user_entry,
@@ -17,6 +18,7 @@ LEGACY = minio_values("spotray-dev", StorageConfig(), MonitoringConfig())
 @pytest.mark.parametrize(("values", "chart"), [
     (kuberay_operator_values(MONITOR_LABELS), "kuberay-operator-1.7.0.values.yaml"),
     (device_plugin_values(), "nvidia-device-plugin-0.20.0.values.yaml"),
+    (dcgm_exporter_values(MONITOR_LABELS), "dcgm-exporter-4.8.2.values.yaml"),
     (LEGACY, "bitnami-minio-17.0.23.values.yaml"),
 ])
 def test_every_value_set_exists_in_the_pinned_chart(values, chart):

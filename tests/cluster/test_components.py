@@ -10,6 +10,8 @@ from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from infra.kernel.config import MonitoringConfig, StorageConfig
 from infra.plan import run_mocked
+from tests.repo import STACKS
+from tests.schemas import merged, pinned_chart_values
 
 LABELS = {"release": "kube-prometheus-stack"}
 
@@ -72,7 +74,31 @@ def test_every_stack_installs_kuberay_and_gpu_plumbing_and_minio_only_when_it_is
         assert plan.outputs["storageEndpoint"] == "http://minio.spotray.svc.cluster.local:9000"
 
 
-def test_no_service_exposes_ray_ports_in_any_stack(stack_plans):
-    for _, plan in stack_plans.values():
-        assert not [r for r in plan.resources if r.type == "kubernetes:core/v1:Service"
-                    and r.inputs.get("spec", {}).get("type") in ("LoadBalancer", "NodePort")]
+def service_types(values: dict, path: str = "") -> dict[str, str]:
+    """Every ``service.type`` (or ``*Service.type``) in a chart's values: where a chart exposes a Service."""
+    found = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            if (key == "service" or key.endswith("Service")) and isinstance(value.get("type"), str):
+                found[f"{path}{key}.type"] = value["type"]
+            found.update(service_types(value, f"{path}{key}."))
+    return found
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_chart_exposes_a_service_outside_the_cluster_in_any_stack(stack_plans, stack):
+    """The values each release sets over its pinned chart's defaults; the RayJob's head: test_rayjob.py."""
+    _, plan = stack_plans[stack]
+    exposed = {}
+    for release in plan.of_type("kubernetes:helm.sh/v3:Release"):
+        values = merged(pinned_chart_values(release.inputs["chart"], release.inputs["version"]),
+                        release.inputs["values"])
+        exposed.update({f"{release.name}: {path}": kind for path, kind in service_types(values).items()
+                        if kind in ("LoadBalancer", "NodePort")})
+    assert exposed == {}
+
+
+def test_a_chart_value_that_opens_a_load_balancer_is_found():
+    values = merged(pinned_chart_values("minio", "17.0.23"), {"console": {"service": {"type": "LoadBalancer"}}})
+    assert service_types(values)["console.service.type"] == "LoadBalancer"
+    assert service_types(values)["service.type"] == "ClusterIP"

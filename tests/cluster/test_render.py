@@ -14,19 +14,13 @@ from infra.render import render, write
 from monitoring.objects import monitoring_manifests
 from tests.cluster.stacks import stack
 from tests.repo import REPO
-from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
+from tests.schemas import pinned_chart_values, unknown_values_keys, validate_custom_resource
 from training.errors import SpotrayError
 
 CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v1.7.0_ray.io_rayclusters.yaml",
         "PodMonitor": "prometheus-operator-v0.93.1_podmonitors.yaml",
         "PrometheusRule": "prometheus-operator-v0.93.1_prometheusrules.yaml"}
 # The pinned charts whose values.yaml ../shared holds (DCGM's is not there).
-CHART_VALUES = {KUBERAY_OPERATOR.version: "kuberay-operator-1.7.0.values.yaml",
-                NVIDIA_DEVICE_PLUGIN.version: "nvidia-device-plugin-0.20.0.values.yaml",
-                MINIO.version: "bitnami-minio-17.0.23.values.yaml",
-                KUBE_PROMETHEUS_STACK.version: "kube-prometheus-stack-88.5.3.values.yaml"}
-
-
 @pytest.fixture(scope="module")
 def dev(tmp_path_factory):
     cfg = load_stack_file(REPO, "dev")
@@ -93,8 +87,7 @@ def test_helm_releases_are_their_pinned_chart_and_values_that_exist_in_it(dev):
         chart = next(c for c in pins if release["chart"].endswith(c.name))
         assert release["version"] == chart.version
         values = yaml.safe_load((out / "helm" / directory / "values.yaml").read_text())
-        if chart.version in CHART_VALUES:
-            assert unknown_values_keys(values, chart_defaults(CHART_VALUES[chart.version])) == []
+        assert unknown_values_keys(values, pinned_chart_values(chart.name, chart.version)) == [], directory
     assert releases["kuberay-system-kuberay-operator"]["skipCrds"] is True
     assert (out / "crds.txt").read_text().count("/v1.7.0/") == 3
 

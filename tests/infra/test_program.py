@@ -11,6 +11,7 @@ import pytest
 from infra.cli import main
 from infra.policies import TAGGABLE
 from tests.repo import REPO, STACKS
+from tests.schemas import pinned_chart_values, unknown_values_keys
 
 AWS_STACKS = ("dev", "staging", "prod")
 
@@ -46,6 +47,22 @@ def test_components_use_spotray_type_tokens_and_own_their_resources(stack_plans)
     orphans = [r.name for r in plan.resources if r.custom and r.parent not in components
                and not r.type.startswith("pulumi:providers:")]
     assert orphans == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_helm_release_sets_only_keys_its_pinned_chart_has(stack_plans, stack):
+    _, plan = stack_plans[stack]
+    releases = plan.of_type("kubernetes:helm.sh/v3:Release")
+    assert len(releases) >= 5
+    for release in releases:
+        defaults = pinned_chart_values(release.inputs["chart"], release.inputs["version"])
+        assert unknown_values_keys(release.inputs["values"], defaults) == [], release.name
+
+
+def test_a_subchart_key_is_checked_against_the_subchart_as_well():
+    defaults = pinned_chart_values("kube-prometheus-stack", "88.5.3")
+    values = {"grafana": {"nodeSelector": {"a": "b"}, "nodeSelectr": {}, "defaultDashboardsEnabled": True}}
+    assert unknown_values_keys(values, defaults) == ["grafana.nodeSelectr"]
 
 
 def test_the_existing_cluster_stack_creates_no_aws_resource(stack_plans):

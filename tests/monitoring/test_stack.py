@@ -7,10 +7,9 @@ import pytest
 from infra.kernel.config import MonitoringConfig, from_values
 from infra.plan import plan
 from monitoring.values import kube_prometheus_stack_values
-from tests.schemas import chart_defaults, unknown_values_keys
+from tests.schemas import pinned_chart_values, unknown_values_keys
 from training.errors import ConfigError
 
-KPS_VALUES = "kube-prometheus-stack-88.5.3.values.yaml"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 
 
@@ -35,8 +34,9 @@ def monitor_labels(values_by_release: dict[str, dict]) -> dict[str, dict]:
     return found
 
 
-def test_every_value_set_exists_in_the_pinned_chart():
-    assert unknown_values_keys(kube_prometheus_stack_values(MonitoringConfig()), chart_defaults(KPS_VALUES)) == []
+def test_every_value_set_exists_in_the_pinned_chart_or_its_grafana_subchart():
+    defaults = pinned_chart_values("kube-prometheus-stack", "88.5.3")
+    assert unknown_values_keys(kube_prometheus_stack_values(MonitoringConfig()), defaults) == []
 
 
 def test_prometheus_keeps_the_configured_retention_on_its_own_volume_on_the_core_pool():
@@ -45,6 +45,14 @@ def test_prometheus_keeps_the_configured_retention_on_its_own_volume_on_the_core
     assert spec["retention"] == "30d"
     assert spec["storageSpec"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "200Gi"
     assert spec["nodeSelector"] == {"spotray.dev/pool": "core"}
+
+
+def test_every_part_of_the_stack_runs_on_the_core_pool_and_grafana_with_a_key_its_chart_has():
+    values = kube_prometheus_stack_values(MonitoringConfig())
+    placed = [values["prometheusOperator"], values["prometheus"]["prometheusSpec"],
+              values["alertmanager"]["alertmanagerSpec"], values["grafana"]]
+    assert all(part["nodeSelector"] == {"spotray.dev/pool": "core"} for part in placed)
+    assert "nodeSelector" in pinned_chart_values("grafana", "12.11.1")
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "existing"])
