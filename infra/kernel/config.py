@@ -60,15 +60,15 @@ class NetworkConfig(Section):
     def __post_init__(self):
         vpc = _network(self, self.vpc_cidr, "vpc_cidr")
         self.require(16 <= vpc.prefixlen <= 20, "vpc_cidr", f"/{vpc.prefixlen} is outside /16../20",
-                      "EKS pods take VPC addresses: use a /16 to /20 block")
+                     "EKS pods take VPC addresses: use a /16 to /20 block")
         azs = self.availability_zones
         self.require(len(azs) >= 2, "availability_zones", f"has {len(azs)} zone(s)",
-                      "list at least 2 zones, e.g. [us-west-2a, us-west-2b]")
+                     "list at least 2 zones, e.g. [us-west-2a, us-west-2b]")
         self.require(len(set(azs)) == len(azs), "availability_zones", "lists a zone twice", "remove the duplicate")
         bad = [az for az in azs if not _AZ.match(az)]
         self.require(not bad, "availability_zones", f"{bad} are not zone names", "use names like us-west-2a")
         self.require(self.nat_gateways in ("single", "perAz"), "nat_gateways", f"is {self.nat_gateways!r}",
-                      "use single or perAz")
+                     "use single or perAz")
         object.__setattr__(self, "private_subnet_cidrs", self.private_subnet_cidrs or _carve(vpc, len(azs), False))
         object.__setattr__(self, "public_subnet_cidrs", self.public_subnet_cidrs or _carve(vpc, len(azs), True))
         blocks = [("private_subnet_cidrs", c) for c in self.private_subnet_cidrs] + [
@@ -76,10 +76,10 @@ class NetworkConfig(Section):
         for name in ("private_subnet_cidrs", "public_subnet_cidrs"):
             count = len(getattr(self, name))
             self.require(count == len(azs), name, f"has {count} block(s) for {len(azs)} zones",
-                          "give one block per availability zone, or leave it out to carve them from vpcCidr")
+                         "give one block per availability zone, or leave it out to carve them from vpcCidr")
         for name, cidr in blocks:
             self.require(_network(self, cidr, name).subnet_of(vpc), name, f"{cidr} is not inside vpcCidr {vpc}",
-                          "pick blocks inside vpcCidr")
+                         "pick blocks inside vpcCidr")
         _no_overlap(self, blocks)
 
 
@@ -102,19 +102,19 @@ class KubernetesConfig(Section):
     def __post_init__(self):
         match = re.fullmatch(r"1\.(\d+)", self.version)
         self.require(bool(match) and int(match.group(1)) >= MIN_KUBERNETES_MINOR, "version",
-                      f"{self.version!r} is not a supported EKS version",
-                      f"use 1.{MIN_KUBERNETES_MINOR} or newer, quoted")
+                     f"{self.version!r} is not a supported EKS version",
+                     f"use 1.{MIN_KUBERNETES_MINOR} or newer, quoted")
         _network(self, self.service_cidr, "service_cidr")
         bad = [a for a in self.admin_principals if not a.startswith("arn:aws:iam::")]
         self.require(not bad, "admin_principals", f"{bad} are not IAM ARNs",
-                      "use role or user ARNs like arn:aws:iam::123456789012:role/platform-admin")
+                     "use role or user ARNs like arn:aws:iam::123456789012:role/platform-admin")
         for cidr in self.public_access_cidrs:
             _network(self, cidr, "public_access_cidrs")
         self.require(not self.public_endpoint or bool(self.public_access_cidrs), "public_access_cidrs",
-                      "is empty while publicEndpoint is true", "list the CIDRs allowed to reach the API server "
-                      "(your office or VPN), or set publicEndpoint: false")
+                     "is empty while publicEndpoint is true", "list the CIDRs allowed to reach the API server "
+                     "(your office or VPN), or set publicEndpoint: false")
         self.require("0.0.0.0/0" not in self.public_access_cidrs, "public_access_cidrs",
-                      "opens the API server to the whole internet", "list your office or VPN CIDRs instead")
+                     "opens the API server to the whole internet", "list your office or VPN CIDRs instead")
 
 
 def _family(instance_type: str) -> str:
@@ -135,10 +135,10 @@ class CorePoolConfig(Section):
         self.require(bool(self.instance_types), "instance_types", "is empty", "list e.g. [m7i.xlarge]")
         gpu = [t for t in self.instance_types if _family(t) in GPU_FAMILIES]
         self.require(not gpu, "instance_types", f"{gpu} are GPU instances on demand",
-                      "keep the core pool on CPU instances; GPUs come from gpuPools (spot)")
+                     "keep the core pool on CPU instances; GPUs come from gpuPools (spot)")
         self.require(1 <= self.min_size <= self.desired_size <= self.max_size, None,
-                      f"needs 1 <= minSize <= desiredSize <= maxSize, got {self.min_size}, {self.desired_size}, "
-                      f"{self.max_size}", "fix the sizes")
+                     f"needs 1 <= minSize <= desiredSize <= maxSize, got {self.min_size}, {self.desired_size}, "
+                     f"{self.max_size}", "fix the sizes")
         self.require(self.disk_gib >= 20, "disk_gib", f"is {self.disk_gib}", "use at least 20")
 
 
@@ -156,12 +156,12 @@ class GpuPoolConfig(Section):
 
     def __post_init__(self):
         self.require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
-                      f"{self.name!r} is not a lowercase DNS label of at most 40 characters", "use e.g. a10g-spot")
+                     f"{self.name!r} is not a lowercase DNS label of at most 40 characters", "use e.g. a10g-spot")
         self.require(bool(self.families), "families", "is empty: a spot pool needs instance types to choose from",
-                      f"list GPU families, e.g. [g5, g6]; known: {', '.join(GPU_FAMILIES)}")
+                     f"list GPU families, e.g. [g5, g6]; known: {', '.join(GPU_FAMILIES)}")
         unknown = [f for f in self.families if f not in GPU_FAMILIES]
         self.require(not unknown, "families", f"{unknown} are not GPU instance families",
-                      f"use some of {', '.join(GPU_FAMILIES)}")
+                     f"use some of {', '.join(GPU_FAMILIES)}")
         self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
         self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
@@ -198,18 +198,18 @@ class StorageConfig(Section):
     def __post_init__(self):
         self.require(self.backend in ("minio", "s3"), "backend", f"is {self.backend!r}", "use minio or s3")
         self.require(self.bucket is None or bool(re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", self.bucket)),
-                      "bucket", f"{self.bucket!r} is not a valid S3 bucket name",
-                      "use 3-63 lowercase letters, digits, dots and hyphens")
+                     "bucket", f"{self.bucket!r} is not a valid S3 bucket name",
+                     "use 3-63 lowercase letters, digits, dots and hyphens")
         self.require(bool(re.fullmatch(r"[a-zA-Z0-9._-]+(/[a-zA-Z0-9._-]+)*", self.prefix)), "prefix",
-                      f"{self.prefix!r} is not a key prefix", "use e.g. spotray or teams/ml")
+                     f"{self.prefix!r} is not a key prefix", "use e.g. spotray or teams/ml")
         self.require(self.checkpoint_retention_days >= 1, "checkpoint_retention_days",
-                      f"is {self.checkpoint_retention_days}", "use at least 1")
+                     f"is {self.checkpoint_retention_days}", "use at least 1")
         self.require(self.minio_replicas >= 4 and self.minio_replicas % 2 == 0, "minio_replicas",
-                      f"is {self.minio_replicas}", "distributed MinIO needs an even number of pods, at least 4")
+                     f"is {self.minio_replicas}", "distributed MinIO needs an even number of pods, at least 4")
         self.require(self.minio_size_gib >= 1, "minio_size_gib", f"is {self.minio_size_gib}", "use at least 1")
         unknown = sorted(set(self.minio_images) - set(MINIO_IMAGES))
         self.require(not unknown, "minio_images", f"has unknown images {unknown}",
-                      f"override any of {sorted(MINIO_IMAGES)}")
+                     f"override any of {sorted(MINIO_IMAGES)}")
 
 
 @dataclass(frozen=True)
@@ -226,9 +226,9 @@ class AlertThresholds(Section):
         for name in ("stalled_minutes", "checkpoint_minutes", "preemptions_per_hour"):
             self.require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
         self.require(0 < self.goodput_below < 1, "goodput_below", f"is {self.goodput_below}",
-                      "use a fraction between 0 and 1, e.g. 0.7")
+                     "use a fraction between 0 and 1, e.g. 0.7")
         self.require(0 < self.gpu_utilization_below <= 100, "gpu_utilization_below",
-                      f"is {self.gpu_utilization_below}", "use a percentage, e.g. 20")
+                     f"is {self.gpu_utilization_below}", "use a percentage, e.g. 20")
 
 
 @dataclass(frozen=True)
@@ -249,13 +249,13 @@ class MonitoringConfig(Section):
     def __post_init__(self):
         for capacity, price in self.gpu_hour_price_usd.items():
             self.require(capacity in CAPACITY_TYPES, "gpu_hour_price_usd", f"has {capacity!r}",
-                          f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
+                         f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
             self.require(price > 0, f"gpu_hour_price_usd.{capacity}", f"is {price!r}", "use a positive number of USD")
         self.require(self.mode in ("install", "existing"), "mode", f"is {self.mode!r}",
-                      "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
+                     "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
         self.require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "release",
-                      f"{self.release!r} is not a Helm release name",
-                      "use at most 53 lowercase letters, digits and '-'")
+                     f"{self.release!r} is not a Helm release name",
+                     "use at most 53 lowercase letters, digits and '-'")
         self.require(self.retention_days >= 1, "retention_days", f"is {self.retention_days}", "use at least 1")
         self.require(self.storage_gib >= 1, "storage_gib", f"is {self.storage_gib}", "use at least 1")
 
@@ -286,9 +286,9 @@ class TrainingJobConfig(Section):
         for name in ("gpus_per_worker", "cpus_per_worker", "memory_gib_per_worker"):
             self.require(getattr(self, name) >= 1, name, f"is {getattr(self, name)}", "use at least 1")
         self.require(self.backoff_limit >= 2, "backoff_limit", f"is {self.backoff_limit}",
-                      "use at least 2, so a lost head becomes a new cluster that resumes")
+                     "use at least 2, so a lost head becomes a new cluster that resumes")
         self.require(not self.enabled or bool(self.config), "config", "is required when training is enabled",
-                      "name the training YAML, relative to the project directory")
+                     "name the training YAML, relative to the project directory")
 
 
 @dataclass(frozen=True)
@@ -313,23 +313,23 @@ class StackConfig(Section):
 
     def __post_init__(self):
         self.require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
-                      f"use one of {', '.join(ENVIRONMENTS)}")
+                     f"use one of {', '.join(ENVIRONMENTS)}")
         self.require(self.platform in PLATFORMS, "platform", f"is {self.platform!r}",
-                      f"use one of {', '.join(PLATFORMS)}")
+                     f"use one of {', '.join(PLATFORMS)}")
         self.require(self.environment != "prod" or self.protect, "protect", "is false in a prod stack",
-                      "set spotray:protect: true (deletion protection, retain on delete)")
+                     "set spotray:protect: true (deletion protection, retain on delete)")
         names = [p.name for p in self.gpu_pools]
         self.require(len(set(names)) == len(names), "gpu_pools", f"names repeat: {names}",
-                      "give each pool its own name")
+                     "give each pool its own name")
         if self.platform == "aws":
             self._check_aws()
         else:
             self.require(self.storage.backend == "minio" or bool(self.storage.bucket), "storage.bucket",
-                          "is required for s3 on an existing cluster", "name the existing bucket the cluster can reach")
+                         "is required for s3 on an existing cluster", "name the existing bucket the cluster can reach")
         if self.storage.backend == "minio":
             self.require(len(datasets_bucket(self.bucket)) <= 63, "storage.bucket",
-                          f"{self.bucket!r} leaves no room for {datasets_bucket(self.bucket)!r}",
-                          f"use at most {63 - len(datasets_bucket(''))} characters with MinIO")
+                         f"{self.bucket!r} leaves no room for {datasets_bucket(self.bucket)!r}",
+                         f"use at most {63 - len(datasets_bucket(''))} characters with MinIO")
         reserved = [k for k in self.tags if k.startswith(("aws:", f"{NAMESPACE}:"))]
         self.require(not reserved, "tags", f"{reserved} use a reserved prefix", "drop the aws: / spotray: prefix")
         if self.training.enabled:
@@ -341,7 +341,7 @@ class StackConfig(Section):
             raise ConfigError("aws:region", "is not set", "pulumi config set aws:region us-west-2")
         wrong = [az for az in self.network.availability_zones if not az.startswith(self.region)]
         self.require(not wrong, "network.availability_zones", f"{wrong} are not in region {self.region}",
-                      f"use zones of {self.region}")
+                     f"use zones of {self.region}")
         _no_overlap(self, [("network.vpc_cidr", self.network.vpc_cidr),
                            ("kubernetes.service_cidr", self.kubernetes.service_cidr)])
 
@@ -349,9 +349,9 @@ class StackConfig(Section):
         """The training image: ``override`` (``spotray submit --image``) or the stack's."""
         image = override or self.training.image
         self.require(bool(image), "training.image", "is not set for this stack",
-                      "pass --image <registry>/<repository>:<tag>, or set spotray:training.image")
+                     "pass --image <registry>/<repository>:<tag>, or set spotray:training.image")
         self.require(":" in image.rsplit("/", 1)[-1], "training.image", f"{image!r} has no tag",
-                      "use the image built from training/Dockerfile with an explicit tag, e.g. <ecrUrl>:<git sha>")
+                     "use the image built from training/Dockerfile with an explicit tag, e.g. <ecrUrl>:<git sha>")
         return image
 
     def job_pool(self, override: str | None = None) -> str:
@@ -359,9 +359,9 @@ class StackConfig(Section):
         pools = [p.name for p in self.gpu_pools]
         pool = override or self.training.gpu_pool or (pools[0] if pools else "")
         self.require(bool(pool), "training.gpu_pool", "is not set for this stack",
-                      "pass --gpu-pool, or set spotray:training.gpuPool to the spotray.dev/pool label of its GPU nodes")
+                     "pass --gpu-pool, or set spotray:training.gpuPool to the spotray.dev/pool label of its GPU nodes")
         self.require(not pools or pool in pools, "training.gpu_pool",
-                      f"{pool!r} is not a GPU pool of stack {self.stack}", f"use one of {pools}")
+                     f"{pool!r} is not a GPU pool of stack {self.stack}", f"use one of {pools}")
         return pool
 
     def resource_tags(self) -> dict[str, str]:
@@ -401,7 +401,7 @@ def _defaults(stack: str, values: Mapping[str, Any]) -> dict[type, dict[str, Any
     defaults = {StackConfig: {"environment": stack}, NetworkConfig: {"nat_gateways": "perAz" if environment == "prod"
                                                                      else "single"}}
     aws_keys = [key_of(StackConfig, name) for name in _AWS_ONLY]
-    if values.get(key_of(StackConfig, "platform"), "aws") == "existing":
+    if values.get(key_of(StackConfig, "platform")) == "existing":
         given = [key for key in aws_keys if values.get(key)]
         if given:
             raise ConfigError(given[0], "is not used on platform existing (no AWS resources)",

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
 
@@ -41,6 +43,7 @@ def test_throughput_bench():
     assert_ratios(result, "step_time_ratio")
 
 
+@pytest.mark.slow  # two multi-node kill drills: 3 minutes on 2 cores
 def test_recovery_bench_on_local_storage():
     # 100-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
     result = bench("recovery", "--storage", "local", "--rounds", "1", "--steps", "100")
