@@ -22,6 +22,7 @@ import pickle
 import posixpath
 import re
 import time
+import warnings
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -69,6 +70,11 @@ class CommittedCheckpoint:
     @property
     def url(self) -> str:
         return self.location.url
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in storage, from the commit marker (no file is read or listed)."""
+        return sum(int(f["size"]) for f in self.files.values())
 
 
 def checkpoints_root(run_root: Location) -> Location:
@@ -188,9 +194,13 @@ class _CommittingWriter(_FileSystemWriter):
 class _RawReader(FileSystemReader):
     """Reads what ``_CommittingWriter`` wrote: verified whole files, tensors rebuilt from raw bytes."""
 
-    def __init__(self, location: Location, expected: dict, prefetched: dict[str, memoryview] | None = None):
+    def __init__(self, location: Location, expected: dict, prefetched: dict[str, memoryview] | None = None,
+                 ranged: bool = False):
+        """``ranged``: read each item's bytes alone instead of whole files, for a reader that wants a part of a
+        checkpoint (the model without its optimizer state) without holding the rest in memory."""
         super().__init__(location.path)
         self.fs = _DcpFileSystem(location, expected=expected, prefetched=prefetched)
+        self.location, self.expected, self.ranged = location, expected, ranged
         self.chunks: dict = {}
 
     def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
@@ -205,10 +215,10 @@ class _RawReader(FileSystemReader):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
-            data = self.fs.verified_view(self.fs.concat_path(self.path, relative_path))
+            read_item = self._item_reader(relative_path)
             for req in reqs:
                 info = self.storage_data[req.storage_index]
-                raw = data[info.offset : info.offset + info.length]
+                raw = read_item(info.offset, info.length)
                 if zlib.crc32(raw) != getattr(info, "crc32", None):
                     raise CheckpointError(f"{relative_path} is corrupted: item {req.storage_index.fqn} fails its "
                                           "CRC32")
@@ -224,6 +234,15 @@ class _RawReader(FileSystemReader):
         done: torch.futures.Future = torch.futures.Future()
         done.set_result(None)
         return done
+
+    def _item_reader(self, relative_path: str):
+        if not self.ranged:
+            data = self.fs.verified_view(self.fs.concat_path(self.path, relative_path))
+            return lambda offset, length: data[offset : offset + length]
+        file = self.location.child(relative_path)
+        if file.size() != self.expected.get(relative_path, {}).get("size"):
+            raise CheckpointError(f"{file.url} is corrupted (its size differs from {COMMIT_MARKER})")
+        return lambda offset, length: memoryview(bytearray(file.read_range(offset, length)))
 
 
 class Checkpointer:
@@ -429,6 +448,51 @@ class RestorePrefetch:
             return self._future.result()
         except Exception:  # noqa: BLE001 - the restore reads the files again and reports what is wrong
             return {}
+
+
+def model_tensors(checkpoint: CommittedCheckpoint, key: str = "model") -> dict[str, tuple[torch.dtype, tuple]]:
+    """The full dtype and shape of every model tensor in a checkpoint (saved by ``ModelOptimState`` under
+    ``key``), from its ``.metadata``."""
+    metadata = _RawReader(checkpoint.location, checkpoint.files).read_metadata()
+    prefix = f"{key}.model."
+    return {fqn[len(prefix):]: (md.properties.dtype, tuple(md.size))
+            for fqn, md in metadata.state_dict_metadata.items()
+            if fqn.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+
+
+def load_model_tensors(checkpoint: CommittedCheckpoint, names: list[str], key: str = "model") -> dict:
+    """Full (unsharded) copies of the named model tensors, in this process, without a process group: each
+    rank's shards are read by byte range, and checked against their CRC32."""
+    shapes = model_tensors(checkpoint, key)
+    tensors = {name: torch.empty(shapes[name][1], dtype=shapes[name][0]) for name in names}
+    reader = _RawReader(checkpoint.location, checkpoint.files, ranged=True)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({key: {"model": tensors}}, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"checkpoint step {checkpoint.step} at {checkpoint.url} cannot be read: "
+                              f"{_first_line(exc)}") from None
+    return tensors
+
+
+_MODEL_RECORD, _TOKENIZER = "model.json", "tokenizer.json"
+
+
+def write_model_record(run_root: Location, record: dict, tokenizer: Location | None) -> None:
+    """What ``spotray export`` needs besides the weights: the task's export spec, and a copy of the dataset's
+    tokenizer (copied once: a run keeps its data)."""
+    root = checkpoints_root(run_root)
+    root.child(_MODEL_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+    if tokenizer is not None and not root.child(_TOKENIZER).exists():
+        root.child(_TOKENIZER).write_bytes(tokenizer.read_bytes())
+
+
+def read_model_record(run_root: Location) -> tuple[dict | None, bytes | None]:
+    root = checkpoints_root(run_root)
+    record_loc, tokenizer_loc = root.child(_MODEL_RECORD), root.child(_TOKENIZER)
+    record = json.loads(record_loc.read_text()) if record_loc.exists() else None
+    return record, tokenizer_loc.read_bytes() if tokenizer_loc.exists() else None
 
 
 def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoint]:

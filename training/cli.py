@@ -1,4 +1,4 @@
-"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``demo``, ``bench``.
+"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``status``, ``demo``, ``bench``.
 
 It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
 imports what it needs only when it runs. ``python -m training.cli`` serves this half alone."""
@@ -39,6 +39,25 @@ def _cmd_train(args: argparse.Namespace) -> None:
         launch.write_summary(summary, args.summary_json)
 
 
+def _cmd_status(args: argparse.Namespace) -> None:
+    from training.status import format_text, gather
+    from training.storage import StorageOptions
+
+    status = gather(args.run_url, StorageOptions(endpoint_url=args.endpoint_url))
+    print(json.dumps(status, indent=2) if args.json else format_text(status))
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from training.export import export
+    from training.storage import StorageOptions
+
+    result = export(args.run_url, args.out, step=args.step, options=StorageOptions(endpoint_url=args.endpoint_url),
+                    max_shard_bytes=int(args.max_shard_gb * 1024**3))
+    extras = "".join(f" + {name}" for name, present in (("config.json", result["config"]),
+                                                        ("tokenizer.json", result["tokenizer"])) if present)
+    print(f"exported step {result['step']} to {result['out']}: {', '.join(result['files'])}{extras}")
+
+
 def _cmd_demo(args: argparse.Namespace) -> None:
     from training import demo
     from training.launch import write_summary
@@ -72,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="tokenize text files into token shards + index.json")
     p.add_argument("--input", required=True, help="file, directory or glob of text files")
     p.add_argument("--output", required=True, help="local dir or s3://bucket/prefix")
-    p.add_argument("--tokenizer", default="bytes", help="'bytes' (default) or a path to a HF tokenizer.json")
+    p.add_argument("--tokenizer", default="bytes",
+                   help="'bytes' (default), a HF tokenizer.json or a model directory holding one (local or s3://)")
     p.add_argument("--shard-tokens", type=int, default=1 << 20)
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_prepare)
@@ -85,6 +105,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-worker-logs", action="store_true",
                    help="do not stream the workers' logs here (progress and interruption lines still show)")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("status", help="where a run stands, live or finished: steps, loss, checkpoints, goodput")
+    p.add_argument("run_url", metavar="RUN_URL", help="<checkpoint.path>/<run.name>: a local dir, file:// or s3://")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("export", help="a committed checkpoint as a Hugging Face model directory (safetensors)")
+    p.add_argument("run_url", metavar="RUN_URL", help="<checkpoint.path>/<run.name>: a local dir, file:// or s3://")
+    p.add_argument("--out", required=True, help="an empty directory (local or s3://) for the model")
+    p.add_argument("--step", type=int, default=None, help="a committed step (default: the newest)")
+    p.add_argument("--max-shard-gb", type=float, default=2.0, help="split the weights into files of at most this")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("demo", help="the main job on the embedded default (local Ray, local storage, CPU)")
     p.add_argument("--workdir", default="./spotray-runs", help="where data and checkpoints go")
@@ -102,6 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--rounds", type=int, default=2, help="throughput, recovery benches: runs per side, interleaved")
+    p.add_argument("--gpu", action="store_true",
+                   help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.set_defaults(func=_cmd_bench)
 
 

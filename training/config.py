@@ -51,12 +51,32 @@ class DataSection:
 
 
 @dataclass(frozen=True)
+class HFSection:
+    """A Hugging Face Transformers causal LM: built from ``config`` (a config.json URL, a directory holding one,
+    or an inline mapping) with fresh weights, or from the ``pretrained`` directory's config and weights."""
+
+    config: str | dict | None = None
+    pretrained: str | None = None
+
+    def __post_init__(self):
+        _require(self.config is not None or self.pretrained is not None, "model.hf",
+                 "needs config or pretrained", "set model.hf.config=URL (or a mapping) or model.hf.pretrained=URL")
+        _require(self.config is None or self.pretrained is None, "model.hf.config",
+                 "is set together with model.hf.pretrained, whose directory has its own config.json",
+                 "keep one of the two")
+        _require(self.config != "" and self.pretrained != "", "model.hf", "has an empty URL",
+                 "give a local path or s3://bucket/prefix")
+
+
+@dataclass(frozen=True)
 class ModelSection:
     preset: str = "tiny"
     n_layer: int | None = None
     n_head: int | None = None
     n_embd: int | None = None
     dropout: float = 0.0
+    task: str | None = None  # "package.module:factory", a user's task (see README "Your own model")
+    hf: HFSection | None = None
 
     def __post_init__(self):
         _require(self.preset in MODEL_PRESETS, "model.preset", f"unknown preset '{self.preset}'",
@@ -65,6 +85,20 @@ class ModelSection:
             value = getattr(self, key)
             _require(value is None or value > 0, f"model.{key}", f"must be positive, got {value}")
         _require(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        _require(self.task is None or self.hf is None, "model.task", "is set together with model.hf",
+                 "a run trains one model: keep one of the two")
+        module, sep, factory = (self.task or "m:f").partition(":")
+        _require(bool(sep and module and factory.isidentifier()), "model.task",
+                 f"'{self.task}' is not of the form package.module:factory",
+                 "e.g. model.task=my_tasks.bigram:make_task")
+        gpt_only = [k for k in ("n_layer", "n_head", "n_embd") if getattr(self, k) is not None]
+        _require(not (gpt_only and (self.task or self.hf)), f"model.{gpt_only[0] if gpt_only else ''}",
+                 "shapes the built-in GPT only", "remove it, or describe the size in your task or HF config")
+
+    @property
+    def kind(self) -> str:
+        """Which task trains: "gpt" (built in), "hf" (Transformers) or "user" (model.task)."""
+        return "user" if self.task else "hf" if self.hf else "gpt"
 
 
 @dataclass(frozen=True)
@@ -252,17 +286,26 @@ def _reverse_alias(name: str) -> str:
 def _coerce(hint: Any, value: Any, key: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return _build(hint, value if value is not None else {}, f"{key}.")
-    args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
+        return _coerce_union(typing.get_args(hint), value, key)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     expected = typing.get_origin(hint) or hint
     if expected is int and isinstance(value, bool) or not isinstance(value, expected):
         raise ConfigError(key, f"expected {getattr(expected, '__name__', expected)}, got {value!r}")
     return value
+
+
+def _coerce_union(options: tuple, value: Any, key: str) -> Any:
+    if value is None and type(None) in options:
+        return None
+    candidates = [a for a in options if a is not type(None)]
+    for candidate in candidates[:-1]:
+        try:
+            return _coerce(candidate, value, key)
+        except ConfigError:
+            continue
+    return _coerce(candidates[-1], value, key)
 
 
 def parse_overrides(pairs: list[str]) -> dict:

@@ -119,16 +119,27 @@ class AttemptRecord:
         return self.status.get(key, default) if self.status else default
 
 
+def attempt_records(root: Location, starting: str | None = None) -> list[AttemptRecord]:
+    """Every attempt's records under ``root``, oldest first.
+
+    ``starting``: the attempt now starting, whose own clock keeps its time: its status and steps are left out."""
+    return [AttemptRecord(a, None if a.attempt_id == starting else read_status(root, a.attempt_id),
+                          {} if a.attempt_id == starting else ledger.read_steps(root, a.attempt_id))
+            for a in ledger.read_attempts(root)]
+
+
 def account(root: Location, starting: str | None = None) -> Account:
     """The run's time by category and its interruptions, from every attempt's records under ``root``.
 
     ``starting``: the attempt now starting, whose own clock keeps its time: only its start counts here."""
-    attempts = [AttemptRecord(a, None if a.attempt_id == starting else read_status(root, a.attempt_id),
-                              {} if a.attempt_id == starting else ledger.read_steps(root, a.attempt_id))
-                for a in ledger.read_attempts(root)]
+    return account_of(attempt_records(root, starting), ledger.run_started_at(root))
+
+
+def account_of(attempts: list[AttemptRecord], run_started_at: float | None) -> Account:
+    """``account`` of records read already (``attempt_records``), for a reader that needs both."""
     if not attempts:
-        return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [], ledger.run_started_at(root) or time.time(), {})
-    started = ledger.run_started_at(root) or attempts[0].info.started_at
+        return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [], run_started_at or time.time(), {})
+    started = run_started_at or attempts[0].info.started_at
     kept: dict[int, ledger.StepRecord] = {}
     for a in attempts:  # as ledger.lineage, without reading every record again: later attempts win
         kept.update(a.steps)

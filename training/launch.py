@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,12 +17,12 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from training import goodput, ledger
 from training.checkpoint import checkpoints_root, list_committed
 from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
-from training.data.dataset import TokenDataset
 from training.errors import TrainingFailed
-from training.loop import WorkerEnv, run_root, train
+from training.loop import WorkerEnv, run_root, train, units_per_step
 from training.progress import ProgressMonitor
 from training.runtime_env import worker_runtime_env
 from training.storage import Location, resolve
+from training.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +64,18 @@ def failure_config(cfg: TrainConfig) -> FailureConfig:
                          max_preemption_failures=cfg.fault_tolerance.max_preemptions)
 
 
-def preflight(cfg: TrainConfig) -> TokenDataset:
-    """Fail fast on the driver (reads only the dataset index) before any worker starts."""
-    return TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
+def preflight(cfg: TrainConfig) -> Task:
+    """Fail fast on the driver before any worker starts: the task loads and opens its dataset (for the built-in
+    tasks: the dataset index and the model config only)."""
+    task = load_task(cfg)
+    task.open_dataset()
+    return task
 
 
 def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
-    dataset = preflight(cfg)
+    cfg = with_absolute_paths(cfg)
+    task = preflight(cfg)
     runtime_env = worker_runtime_env(cfg)  # refuses an oversized working dir before Ray starts
     _ensure_ray(cfg, worker_logs)
     root = run_root(cfg)
@@ -95,7 +100,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
         ),
     )
     try:
-        with ProgressMonitor(attempts, cfg.train.global_batch_size * cfg.train.seq_len):
+        with ProgressMonitor(attempts, units_per_step(cfg, task)):
             trainer.fit()
     except ray.exceptions.RayActorError as exc:  # the controller is gone: the Ray head (or its node) was lost
         committed = list_committed(checkpoints_root(root), warn=False)
@@ -105,7 +110,22 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
             f"again, on a new cluster if need be, to resume from {resume}") from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
-    return summarize(cfg, dataset.num_samples, root)
+    return summarize(cfg, len(task.open_dataset()), root)
+
+
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """Local relative paths made absolute here: Ray's workers run in another directory."""
+    def absolute(url: str | None) -> str | None:
+        return os.path.abspath(url) if url and "://" not in url else url
+
+    hf = cfg.model.hf and dataclasses.replace(
+        cfg.model.hf, config=cfg.model.hf.config if isinstance(cfg.model.hf.config, dict) else absolute(
+            cfg.model.hf.config), pretrained=absolute(cfg.model.hf.pretrained))
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path)),
+        model=dataclasses.replace(cfg.model, hf=hf),
+        checkpoint=dataclasses.replace(cfg.checkpoint, path=absolute(cfg.checkpoint.path)),
+        audit_dir=absolute(cfg.audit_dir))
 
 
 def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:

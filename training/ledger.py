@@ -25,6 +25,11 @@ _FINAL_FILE = "final.json"
 _RUN_FILE = "run.json"
 
 
+def attempts_root(run_root: Location) -> Location:
+    """Where a run's ledger lives: ``<checkpoint.path>/<run.name>/attempts``."""
+    return run_root.child("attempts")
+
+
 def mark_run_started(root: Location) -> float:
     """The run's start time: recorded by its first driver, kept by every rerun. Returns it."""
     marker = root.child(_RUN_FILE)
@@ -148,6 +153,11 @@ def read_attempts(root: Location, known: dict[str, AttemptInfo] | None = None) -
 
 def write_final(root: Location, attempt_id: str, final: dict) -> None:
     root.child(attempt_id, _FINAL_FILE).write_text(json.dumps(final, sort_keys=True))
+
+
+def attempt_finished(root: Location, attempt_id: str) -> bool:
+    """The attempt trained to the end and recorded its final metrics."""
+    return root.child(attempt_id, _FINAL_FILE).exists()
 
 
 def read_final(root: Location) -> dict | None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -21,14 +20,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from training import ledger
-from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState
+from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
 from training.config import TrainConfig
-from training.data.dataset import TokenDataset
-from training.model import GPT, GPTShape
 from training.optim import allocate_state, build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
 from training.storage import Location, resolve
+from training.tasks import Samples, Task, TaskError, load_task
 from training.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
@@ -82,12 +80,12 @@ class Progress:
 class _Prefetcher:
     """Reads the next step's batch in a background thread while the current step computes."""
 
-    def __init__(self, dataset: TokenDataset):
+    def __init__(self, dataset: Samples):
         self.dataset = dataset
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.pending = None
 
-    def get(self, ids: list[int], next_ids: list[int] | None) -> torch.Tensor:
+    def get(self, ids: list[int], next_ids: list[int] | None):
         batch = self.pending[1].result() if self.pending and self.pending[0] == ids else self.dataset.batch(ids)
         self.pending = (next_ids, self.pool.submit(self.dataset.batch, next_ids)) if next_ids else None
         return batch
@@ -108,41 +106,55 @@ def param_sha256(model: torch.nn.Module) -> str | None:
 class _StepRunner:
     """One optimizer step over a per-rank batch, split into micro-batches with gradient accumulation."""
 
-    def __init__(self, cfg: TrainConfig, model, optimizer, scheduler, env: WorkerEnv):
-        self.model, self.optimizer, self.scheduler, self.env = model, optimizer, scheduler, env
+    def __init__(self, cfg: TrainConfig, task: Task, model, optimizer, scheduler, env: WorkerEnv):
+        self.task, self.model, self.optimizer, self.scheduler, self.env = task, model, optimizer, scheduler, env
         self.micro = cfg.train.micro_batch_size or cfg.per_worker_batch
         self.clip = cfg.train.grad_clip
         self.bf16 = cfg.train.dtype == "bfloat16"
-        # Each rank's sum of token losses is scaled so that the data-parallel gradient average equals the
-        # gradient of the mean loss over the whole global batch, whatever the world size.
-        self.scale = env.world_size / (cfg.train.global_batch_size * cfg.train.seq_len)
+        # Each rank's loss sum is scaled so that the data-parallel gradient average equals the gradient of the mean
+        # loss over the whole global batch, whatever the world size: the task's per-step denominator is constant.
+        self.scale = env.world_size / (cfg.train.global_batch_size * task.units_per_sample)
 
-    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
-        batch = batch.to(self.env.device, non_blocking=True)
-        chunks = batch.split(self.micro)
-        loss_sum = torch.zeros((), device=self.env.device)
+    def __call__(self, batch) -> tuple[torch.Tensor, int]:
+        chunks = _split(_to_device(batch, self.env.device), self.micro)
+        loss_sum, units = torch.zeros((), device=self.env.device), 0
         for i, chunk in enumerate(chunks):
             with gradient_sync(self.model, enabled=i == len(chunks) - 1):
                 with torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    logits = self.model(chunk[:, :-1])
-                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+                    loss, n = self.task.loss(self.model, chunk)
                 (loss * self.scale).backward()
             loss_sum += loss.detach()
+            units += n
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_sum
+        return loss_sum, units
+
+
+def _to_device(batch, device: torch.device):
+    if isinstance(batch, dict):
+        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return batch.to(device, non_blocking=True)
+
+
+def _split(batch, size: int) -> list:
+    """Micro-batches along dim 0 of a tensor, or of every tensor of a dict batch."""
+    if isinstance(batch, dict):
+        columns = {k: v.split(size) for k, v in batch.items()}
+        return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+    return list(batch.split(size))
 
 
 @dataclass
 class TrainingParts:
     """Everything one worker trains with; ``state`` is what a checkpoint saves and restores."""
 
-    dataset: TokenDataset
-    shape: GPTShape
+    task: Task
+    dataset: Samples
     model: torch.nn.Module
+    flops_per_unit: float | None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sampler: ElasticSampler
@@ -155,17 +167,9 @@ def build_parts(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> 
     """``init_weights=False`` when a checkpoint will overwrite the weights and the optimizer state: they are then
     only allocated (random init of a large model is slow, and so is computing an optimizer state to discard)."""
     torch.manual_seed(cfg.seed)
-    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
-    shape = GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)
-    with torch.device("meta"):
-        model = GPT(shape)
-    model.to_empty(device=env.device)
-    if init_weights:
-        model.init_weights()
-    if cfg.train.compile:
-        for block in model.blocks:
-            block.compile()
-    model = parallelize(model, cfg.parallel, env.device, bf16=cfg.train.dtype == "bfloat16", sync_init=init_weights)
+    task = load_task(cfg)
+    dataset = task.open_dataset()
+    model, flops_per_unit = _materialized_model(cfg, task, env, init_weights)
     optimizer = build_optimizer(model, cfg.train)
     if not init_weights:
         allocate_state(optimizer)
@@ -173,10 +177,39 @@ def build_parts(cfg: TrainConfig, env: WorkerEnv, init_weights: bool = True) -> 
     sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
     progress = Progress()
     state = {"model": ModelOptimState(model, optimizer), "scheduler": scheduler, "sampler": sampler,
-             "progress": progress, "rng": RngState(env.rank)}
-    return TrainingParts(dataset=dataset, shape=shape, model=model, optimizer=optimizer, scheduler=scheduler,
-                         sampler=sampler, progress=progress, state=state,
-                         step=_StepRunner(cfg, model, optimizer, scheduler, env))
+             "progress": progress, "rng": RngState(env.rank), **_task_state(task)}
+    return TrainingParts(task=task, dataset=dataset, model=model, flops_per_unit=flops_per_unit, optimizer=optimizer,
+                         scheduler=scheduler, sampler=sampler, progress=progress, state=state,
+                         step=_StepRunner(cfg, task, model, optimizer, scheduler, env))
+
+
+def _materialized_model(cfg: TrainConfig, task: Task, env: WorkerEnv,
+                        init_weights: bool) -> tuple[torch.nn.Module, float | None]:
+    """Declared on the meta device, allocated on the worker's device, initialised from the RNG (the same on every
+    rank) or from pretrained weights, then wrapped for data parallelism."""
+    with torch.device("meta"):
+        model = task.build_model()
+    flops_per_unit = task.flops_per_unit(model)
+    units = task.shard_units(model)
+    model.to_empty(device=env.device)
+    task.on_materialized(model)
+    pretrained = init_weights and cfg.model.hf is not None and cfg.model.hf.pretrained is not None
+    if init_weights and not pretrained:
+        task.init_weights(model)
+    if cfg.train.compile:
+        for unit in units:
+            unit.compile()
+    model = parallelize(model, units, cfg.parallel, env.device, bf16=cfg.train.dtype == "bfloat16",
+                        sync_init=init_weights and not pretrained)
+    if pretrained:  # after sharding, so that each rank reads only the rows it holds
+        read = task.load_pretrained(model)
+        log.info("rank %d read %.1f MB of pretrained weights from %s", env.rank, read / 1e6, cfg.model.hf.pretrained)
+    return model, flops_per_unit
+
+
+def _task_state(task: Task) -> dict:
+    """DCP calls ``state_dict``/``load_state_dict`` only on the top-level entries: each extra one is its own."""
+    return {f"task.{name}": stateful for name, stateful in task.extra_state().items()}
 
 
 def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
@@ -190,19 +223,28 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     candidates = checkpointer.committed()
     prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
     parts = build_parts(cfg, env, init_weights=not candidates)
+    if env.rank == 0:
+        _record_model(cfg, root, parts)
     restore_started = time.time()
     restored = checkpointer.restore_latest(parts.state, per_rank_keys=("rng",), prefetch=prefetch,
                                            candidates=candidates)
     restore_s = time.time() - restore_started
     _seed_after_restore(cfg, env, parts.progress.step, restored)
     records = _open_records(cfg, env, root, parts.progress.step)
-    telemetry = _telemetry(cfg, env, records, entered_at, parts.shape)
+    telemetry = _telemetry(cfg, env, records, entered_at, parts)
     telemetry.started(restore_started - entered_at, restore_s)
     try:
         return _StepLoop(cfg, env, parts, checkpointer, records, telemetry).run()
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         telemetry.failed(exc)
         raise
+
+
+def _record_model(cfg: TrainConfig, root: Location, parts: TrainingParts) -> None:
+    spec = parts.task.export_spec()
+    record = {"task": cfg.model.task or cfg.model.kind, "hf_config": spec.hf_config if spec else None,
+              "rename": spec.rename if spec else None}
+    write_model_record(root, record, getattr(parts.dataset, "tokenizer_file", None))
 
 
 def _seed_after_restore(cfg: TrainConfig, env: WorkerEnv, step: int, restored: CommittedCheckpoint | None) -> None:
@@ -244,12 +286,13 @@ def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, from_step: i
     return _Records(attempt, attempts_root, writer, ledger.LossLog(attempts_root, attempt.attempt_id, writer), audit)
 
 
-def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: _Records, entered_at: float, shape: GPTShape) -> Telemetry:
+def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: _Records, entered_at: float,
+               parts: TrainingParts) -> Telemetry:
     if env.rank != 0:
         return Telemetry()
     return RankZeroTelemetry(
         attempts_root=records.root, attempt=records.attempt, entered_at=entered_at, max_steps=cfg.train.max_steps,
-        tokens_per_step=cfg.train.global_batch_size * cfg.train.seq_len, flops_per_token=shape.flops_per_token(),
+        tokens_per_step=units_per_step(cfg, parts.task), flops_per_token=parts.flops_per_unit,
         peak=peak_flops(cfg.train.peak_tflops, env.device), run_name=cfg.run.name, writer=records.writer)
 
 
@@ -261,9 +304,9 @@ class _StepLoop:
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
-        self.tokens_per_step = cfg.train.global_batch_size * cfg.train.seq_len
+        self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
-        self.pending_losses: list[tuple[int, torch.Tensor, float]] = []
+        self.pending_losses: list[tuple[int, torch.Tensor, int, float]] = []
         self.timed_steps, self.timed_seconds = 0, 0.0
 
     def run(self) -> dict:
@@ -285,11 +328,11 @@ class _StepLoop:
         ids = parts.sampler.next_batch(env.rank, env.world_size)
         upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
         batch = self.prefetch.get(ids, upcoming if parts.progress.step + 1 < self.last_step else None)
-        loss = parts.step(batch)
+        loss, units = parts.step(batch)
         seconds = time.perf_counter() - started
         parts.progress.step += 1
         step = parts.progress.step
-        self.pending_losses.append((step, loss, seconds))
+        self.pending_losses.append((step, loss, units, seconds))
         self.telemetry.step_done(seconds)
         if self.records.audit:
             self.records.audit.record(ids)
@@ -393,16 +436,28 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     log.warning("the announced preemption did not happen: continuing to train")
 
 
-def _reduce_losses(pending: list[tuple[int, torch.Tensor, float]], tokens_per_step: int,
+def units_per_step(cfg: TrainConfig, task: Task) -> int:
+    """The loss denominator of every step (tokens for a language model), over all ranks."""
+    return cfg.train.global_batch_size * task.units_per_sample
+
+
+def _reduce_losses(pending: list[tuple[int, torch.Tensor, int, float]], per_step: int,
                    losses: ledger.LossLog) -> None:
-    """One all-reduce for a window of steps: per-step mean token loss over the global batch."""
+    """One all-reduce for a window of steps: per-step mean loss over the global batch, and the task's unit count,
+    which must be the constant denominator the gradients were scaled by."""
     if not pending:
         return
-    stacked = torch.stack([loss for _, loss, _ in pending])
+    sums = torch.stack([loss.double() for _, loss, _, _ in pending])
+    counts = torch.tensor([units for _, _, units, _ in pending], dtype=torch.float64, device=sums.device)
+    totals = torch.stack([sums, counts])
     if dist.is_initialized():
-        dist.all_reduce(stacked)
-    for (step, _, seconds), total in zip(pending, stacked.tolist(), strict=True):
-        value = total / tokens_per_step
+        dist.all_reduce(totals)
+    for (step, _, _, seconds), total, units in zip(pending, *totals.tolist(), strict=True):
+        if units != per_step:
+            raise TaskError(f"the task's loss counted {units:.0f} units at step {step}, not the {per_step} of "
+                            "train.global_batch_size x units_per_sample: the loss denominator must be constant "
+                            "(README, 'Your own model')")
+        value = total / per_step
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
         losses.record(step, value, seconds)

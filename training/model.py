@@ -94,10 +94,9 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight
         self.init_weights()
 
-    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> GPT:
-        super().to_empty(device=device, recurse=recurse)
-        self.lm_head.weight = self.wte.weight  # materialising a meta model unties the shared tensor
-        return self
+    def tie_weights(self) -> None:
+        """Share the input embedding with the output projection again: ``to_empty`` on a meta model unties them."""
+        self.lm_head.weight = self.wte.weight
 
     def init_weights(self) -> None:
         """Every parameter from the current RNG state; for a model built on the meta device and

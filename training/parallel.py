@@ -1,4 +1,5 @@
-"""Wrap a model for data parallelism: DDP, or FSDP2 ``fully_shard`` per block then the root."""
+"""Wrap a model for data parallelism: DDP, or FSDP2 ``fully_shard`` per block (the task's shard units), then the
+root."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from training.model import GPT
-
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def parallelize(model: GPT, mode: str, device: torch.device, bf16: bool, sync_init: bool = True) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, units: list[torch.nn.Module], mode: str, device: torch.device, bf16: bool,
+                sync_init: bool = True) -> torch.nn.Module:
     """``sync_init=False`` when a checkpoint will overwrite the weights on every rank: DDP then skips broadcasting
     rank 0's parameters, a full copy of the model over the network."""
     if not dist.is_initialized() or dist.get_world_size() == 1 and mode == "ddp":
@@ -30,8 +30,8 @@ def parallelize(model: GPT, mode: str, device: torch.device, bf16: bool, sync_in
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
     model = model.to(device)
-    for block in model.blocks:
-        fully_shard(block, **kwargs)
+    for unit in units:
+        fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     return model
 

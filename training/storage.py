@@ -11,6 +11,7 @@ import io
 import mmap
 import os
 import posixpath
+import shutil
 import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -140,6 +141,18 @@ class Location:
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode("utf-8"))
+
+    def put_file(self, local_path: str) -> None:
+        """Copy a local file here, streaming (never whole in memory); readers never see a part of it."""
+        with self._guard("write"):
+            self._make_parent()
+            if self.is_s3:
+                pafs.copy_files(local_path, self.path, source_filesystem=_local_filesystem(),
+                                destination_filesystem=self.fs)
+                return
+            tmp = f"{self.path}.tmp-{uuid.uuid4().hex[:8]}"
+            shutil.copyfile(local_path, tmp)
+            os.replace(tmp, self.path)
 
     def list_names(self) -> list[str]:
         """Names directly under this location (files and directories); empty when it does not exist."""

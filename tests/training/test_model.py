@@ -50,6 +50,7 @@ def test_a_model_built_on_the_meta_device_is_materialised_tied_and_fully_initial
     with torch.device("meta"):
         model = GPT(GPTShape.from_config(ModelSection(preset="tiny"), vocab_size=257, block_size=16))
     model.to_empty(device="cpu")
+    model.tie_weights()
     model.init_weights()
     assert model.wte.weight is model.lm_head.weight
     assert model.ln_f.weight.eq(1).all() and model.ln_f.bias.eq(0).all()

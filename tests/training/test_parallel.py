@@ -14,7 +14,7 @@ def _first_weights_after_wrapping(rank: int, port: int, sync_init: bool, out: di
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         torch.manual_seed(rank)  # each rank starts from different weights
-        model = parallelize(torch.nn.Linear(4, 4), "ddp", torch.device("cpu"), bf16=False, sync_init=sync_init)
+        model = parallelize(torch.nn.Linear(4, 4), [], "ddp", torch.device("cpu"), bf16=False, sync_init=sync_init)
         out[rank] = model.module.weight.detach().clone()
     finally:
         dist.destroy_process_group()

@@ -19,7 +19,8 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
                    every=args.steps or 5)
     from training.bench.throughput import run
 
-    return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers)
+    return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
+               gpu=args.gpu)
 
 
 def _storages(arg: str) -> list[str]:

@@ -2,11 +2,13 @@
 
 Same model, data, batch split and optimizer as spotray, with none of its machinery (no Ray, no checkpoints,
 no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
+With ``scaling.use_gpu`` it trains on one GPU per process over NCCL, under ``train.dtype`` autocast as spotray does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -24,22 +26,32 @@ from training.sampler import ElasticSampler
 
 def main(config_json: str) -> None:
     cfg = from_dict(json.loads(config_json))
-    dist.init_process_group("gloo")
+    gpu = cfg.scaling.use_gpu
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if gpu else torch.device("cpu")
+    if gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
     dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
-    model = DistributedDataParallel(GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)))
+    model = GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)).to(device)
+    model = DistributedDataParallel(model, device_ids=[device.index] if gpu else None)
+    bf16 = cfg.train.dtype == "bfloat16"
     optimizer = build_optimizer(model, cfg.train)
     sampler = ElasticSampler(len(dataset), cfg.train.global_batch_size, cfg.seed)
     seconds = 0.0
     for step in range(1, cfg.train.max_steps + 1):
         started = time.perf_counter()
-        batch = dataset.batch(sampler.next_batch(rank, world))
-        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        batch = dataset.batch(sampler.next_batch(rank, world)).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if gpu:
+            torch.cuda.synchronize()
         if step > 1:
             seconds += time.perf_counter() - started
     if rank == 0:

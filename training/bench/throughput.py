@@ -1,4 +1,7 @@
-"""``spotray bench throughput``: ``spotray train`` on Ray vs a bare torchrun DDP loop, same model/batch/steps."""
+"""``spotray bench throughput``: ``spotray train`` on Ray vs a bare torchrun DDP loop, same model/batch/steps.
+
+``--gpu``: one GPU per worker (NCCL, bf16 autocast) on both sides, and spotray's tokens/s as MFU against the
+device's bf16 peak."""
 
 from __future__ import annotations
 
@@ -7,16 +10,25 @@ import os
 import subprocess
 import sys
 
+import torch
+
 from training import config, launch
 from training.bench.common import bench_corpus, machine, new_workdir
 from training.errors import SpotrayError
+from training.tasks import load_task
+from training.telemetry import peak_flops
+
+GPU_BATCH_PER_WORKER = 16  # sequences of 256 tokens per GPU and step
 
 
-def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, workers: int) -> config.TrainConfig:
+def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, workers: int,
+            gpu: bool = False) -> config.TrainConfig:
+    batch = GPU_BATCH_PER_WORKER * workers if gpu else 8
     return config.load(None, [
         f"data.path={data_url}", f"checkpoint.path={workdir}/ckpt", f"run.name={name}",
-        f"model.preset={preset}", "train.seq_len=256", "train.global_batch_size=8", f"train.max_steps={steps}",
+        f"model.preset={preset}", "train.seq_len=256", f"train.global_batch_size={batch}", f"train.max_steps={steps}",
         f"checkpoint.every_steps={steps}", f"train.log_every={steps}", f"scaling.num_workers={workers}",
+        *(["scaling.use_gpu=true", "train.dtype=bfloat16"] if gpu else []),
     ])
 
 
@@ -38,18 +50,38 @@ def _spotray_step_s(cfg: config.TrainConfig) -> float:
     return cfg.train.global_batch_size * cfg.train.seq_len / summary["tokens_per_s"]
 
 
-def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2) -> dict:
+def _mfu(cfg: config.TrainConfig, tokens_per_s: float) -> float | None:
+    """Model FLOPs utilisation of all workers; None where the device's peak is unknown (CPUs)."""
+    peak = peak_flops(cfg.train.peak_tflops, torch.device("cuda", 0)) if cfg.scaling.use_gpu else None
+    if not peak:
+        return None
+    task = load_task(cfg)
+    with torch.device("meta"):
+        flops_per_token = task.flops_per_unit(task.build_model())
+    return tokens_per_s * flops_per_token / (peak * cfg.scaling.num_workers)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2, gpu: bool = False) -> dict:
+    if gpu and workers > torch.cuda.device_count():
+        raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s)")
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     bare, spotray = [], []
     for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers)
+        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu)
         bare.append(_bare_step_s(cfg))
         spotray.append(_spotray_step_s(cfg))
+    tokens_per_s = cfg.train.global_batch_size * cfg.train.seq_len / min(spotray)
     return {
         "machine": machine(), "workers": workers, "model": preset, "seq_len": 256,
-        "global_batch_size": 8, "steps": steps,
+        "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
         "bare_torchrun_step_s": [round(s, 4) for s in bare],
         "spotray_ray_step_s": [round(s, 4) for s in spotray],
         "step_time_ratio": round(min(spotray) / min(bare), 3),
+        "spotray_tokens_per_s": round(tokens_per_s, 1),
+        "mfu": _round(_mfu(cfg, tokens_per_s), 4),
     }

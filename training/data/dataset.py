@@ -72,6 +72,12 @@ class TokenDataset:
     def tokenizer(self) -> str:
         return self.index["tokenizer"]
 
+    @property
+    def tokenizer_file(self) -> Location | None:
+        """The copy of the HuggingFace tokenizer.json the data was prepared with; None for the byte tokenizer."""
+        name = self.index.get("tokenizer_file")
+        return resolve(self.url, self.options).child(name) if name else None
+
     def __len__(self) -> int:
         return self.num_samples
 
@@ -163,6 +169,9 @@ def _validate_index(index: object, where: str) -> None:
         raise bad("eot_token", f"{index['eot_token']} is outside vocab_size {index['vocab_size']}")
     if not isinstance(index.get("tokenizer"), str):
         raise bad("tokenizer", "must be a string")
+    tokenizer_file = index.get("tokenizer_file")
+    if tokenizer_file is not None and not (isinstance(tokenizer_file, str) and _plain_name(tokenizer_file)):
+        raise bad("tokenizer_file", f"must be a plain file name or null, got {tokenizer_file!r}")
     shards = index.get("shards")
     if not isinstance(shards, list) or not all(_valid_shard(s) for s in shards):
         raise bad("shards", "must be a list of {name, tokens, sha256} entries with plain file names")
@@ -174,8 +183,11 @@ def _valid_shard(shard: object) -> bool:
     return (
         isinstance(shard, dict)
         and isinstance(shard.get("name"), str)
-        and shard["name"] not in ("", ".", "..")
-        and "/" not in shard["name"]
+        and _plain_name(shard["name"])
         and isinstance(shard.get("tokens"), int)
         and shard["tokens"] >= 0
     )
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name

@@ -17,6 +17,7 @@ from training.storage import Location, StorageOptions, resolve
 FORMAT = "spotray-tokens"
 VERSION = 1
 INDEX_NAME = "index.json"
+TOKENIZER_NAME = "tokenizer.json"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
@@ -46,7 +47,7 @@ def prepare(
             "choose another --output or delete it first"
         )
     files = _input_files(inputs)
-    tok = load_tokenizer(tokenizer)
+    tok = load_tokenizer(tokenizer, options)
     dtype_name = dtype_for_vocab(tok.vocab_size)
     writer = _ShardWriter(out, shard_tokens, DTYPES[dtype_name])
     num_documents = 0
@@ -57,6 +58,8 @@ def prepare(
     if num_documents == 0:
         raise DataError(f"empty corpus: {inputs} contains no text; point --input at non-empty text files")
     writer.flush()
+    if tok.file is not None:
+        out.child(TOKENIZER_NAME).write_bytes(tok.file)
     index = {
         "format": FORMAT,
         "version": VERSION,
@@ -67,6 +70,7 @@ def prepare(
         "shard_tokens": shard_tokens,
         "total_tokens": writer.total_tokens,
         "num_documents": num_documents,
+        "tokenizer_file": TOKENIZER_NAME if tok.file is not None else None,
         "shards": writer.shards,
     }
     # Written last: a dataset is readable only once every shard it lists is in place.

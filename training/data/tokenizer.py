@@ -7,18 +7,20 @@ import hashlib
 import numpy as np
 
 from training.errors import DataError, StorageError
-from training.storage import resolve
+from training.storage import StorageOptions, resolve
 
 BYTES = "bytes"
 _EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>")
 
 
 class Tokenizer:
-    """Turns text into token ids; ``eot_token`` separates documents."""
+    """Turns text into token ids; ``eot_token`` separates documents. ``file`` is the tokenizer.json, if any, that
+    a prepared dataset keeps a copy of (and ``spotray export`` writes next to the model)."""
 
     vocab_size: int
     eot_token: int
     tokenizer_id: str
+    file: bytes | None = None
 
     def encode(self, text: str) -> np.ndarray:
         raise NotImplementedError
@@ -52,22 +54,25 @@ class HFTokenizer(Tokenizer):
             self.vocab_size += 1
         self.eot_token = eot
         self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
+        self.file = data
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
 
-def load_tokenizer(spec: str = BYTES) -> Tokenizer:
-    """``"bytes"``, or a path to a HuggingFace ``tokenizer.json`` (or a directory holding one)."""
+def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> Tokenizer:
+    """``"bytes"``, or the URL (local or s3://) of a HuggingFace ``tokenizer.json`` or of a model directory
+    holding one."""
     if spec == BYTES:
         return ByteTokenizer()
-    loc = resolve(spec)
+    loc = resolve(spec, options)
     try:
         if loc.is_dir():
             loc = loc.child("tokenizer.json")
         data = loc.read_bytes()
     except StorageError:
         raise DataError(
-            f"tokenizer '{spec}': no tokenizer.json found there; give 'bytes' or a path to a HuggingFace tokenizer.json"
+            f"--tokenizer '{spec}': no tokenizer.json found there; give 'bytes', a HuggingFace tokenizer.json or a "
+            "model directory holding one (local or s3://)"
         ) from None
     return HFTokenizer(data, spec)

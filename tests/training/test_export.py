@@ -1,0 +1,114 @@
+"""``spotray export``: a committed checkpoint becomes a Hugging Face model directory that transformers loads as is."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.repo import REPO
+from tests.training.configs import make_config
+from tests.training.runs import train_locally
+from tests.training.test_hf import TINY
+from training.checkpoint import Checkpointer
+from training.export import export
+from training.loop import WorkerEnv, build_parts, run_root
+
+MODELS = {"gpt": None, "llama": {"hf": {"config": TINY["llama"]}}, "gpt2": {"hf": {"config": TINY["gpt2"]}}}
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(dataset_url, tmp_path_factory) -> dict:
+    """A 10-step run of each model on 2 FSDP ranks (checkpoints at steps 5 and 10)."""
+    root = tmp_path_factory.mktemp("export-runs")
+    configs = {name: make_config(dataset_url, str(root), name, "parallel=fsdp", "train.max_steps=10",
+                                 "checkpoint.every_steps=5", model=model) for name, model in MODELS.items()}
+    for cfg in configs.values():
+        train_locally(cfg)
+    return configs
+
+
+def trained_model(cfg) -> tuple:
+    """The run's task and model restored in this process, the way a resumed single worker restores it."""
+    env = WorkerEnv(0, 1, torch.device("cpu"), lambda _: None)
+    parts = build_parts(cfg, env, init_weights=False)
+    Checkpointer(run_root(cfg), rank=0, world_size=1, keep_last=10).restore_latest(parts.state, per_rank_keys=("rng",))
+    return parts.task, parts.model.eval()
+
+
+def tree_digest(path: Path) -> dict:
+    files = (p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_exported_model_gives_the_trained_models_logits(fsdp_runs, name, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = fsdp_runs[name]
+    before = tree_digest(_run_dir(cfg))
+    result = export(run_root(cfg).url, str(tmp_path / "out"), max_shard_bytes=200_000)
+    assert result["step"] == 10 and result["config"]
+    assert "model.safetensors.index.json" in result["files"]  # sharded above the size limit
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="sdpa").eval()
+    task, model = trained_model(cfg)
+    inputs = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=inputs).logits, task.logits(model, inputs), rtol=0, atol=1e-5)
+    if name == "gpt":
+        assert type(exported).__name__ == "GPT2LMHeadModel"
+    assert tree_digest(_run_dir(cfg)) == before  # export never modifies the run
+
+
+def _run_dir(cfg) -> Path:
+    return Path(run_root(cfg).path)
+
+
+def spotray_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "training.cli", "export", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_uncommitted_and_corrupted_steps_are_refused_in_one_line_and_the_run_is_untouched(fsdp_runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(_run_dir(fsdp_runs["gpt"]), run)
+    (run / "checkpoints" / "step_000000005" / "COMMITTED.json").unlink()  # as a save cut short leaves it
+    shard = run / "checkpoints" / "step_000000010" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF  # inside the first item: a model tensor
+    shard.write_bytes(bytes(data))
+    before = tree_digest(run)
+
+    for step, expected in (("5", "--step 5 is not a committed checkpoint"), ("10", "corrupted"),
+                           ("7", "committed steps are 10")):
+        result = spotray_export(str(run), "--out", str(tmp_path / f"out{step}"), "--step", step)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.startswith("spotray: error")]
+        assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert tree_digest(run) == before
+
+
+def test_a_url_that_is_not_a_run_is_refused(tmp_path):
+    result = spotray_export(str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "no committed checkpoint" in result.stderr
+
+
+def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
+    from tests.corpus import write_corpus
+    from tests.training.test_data import train_bpe
+    from training.data.prepare import prepare
+
+    corpus = write_corpus(tmp_path / "corpus", documents=8)
+    train_bpe(tmp_path / "tok", [p.read_text() for p in sorted(Path(corpus).iterdir())])
+    prepare(corpus, str(tmp_path / "tokens"), tokenizer=str(tmp_path / "tok"))
+    cfg = make_config(str(tmp_path / "tokens"), str(tmp_path / "ckpt"), "t", "train.max_steps=2",
+                      "scaling.num_workers=1")
+    train_locally(cfg)
+    result = export(run_root(cfg).url, str(tmp_path / "out"))
+    assert result["tokenizer"]
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()

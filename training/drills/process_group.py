@@ -1,0 +1,78 @@
+"""``loop.train`` on N local processes joined by a gloo process group, without Ray: the loop's guarantees checked
+(and benchmarked) on their own, in seconds a run."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+
+from training.drills.cluster import free_port
+from training.errors import TrainingFailed
+
+
+def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600) -> dict:
+    """Train the ``TrainConfig`` dict on ``world_size`` CPU processes; returns rank 0's final metrics."""
+    return run_on_process_group(train_worker, (config,), world_size, timeout_s)
+
+
+def train_worker(rank: int, world_size: int, config: dict) -> dict:
+    import torch
+
+    from training.config import from_dict
+    from training.loop import WorkerEnv, train
+
+    return train(from_dict(config), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
+
+
+def run_on_process_group(fn: Callable, args: tuple, world_size: int, timeout_s: float = 600):
+    """``fn(rank, world_size, *args)`` on every rank of a new gloo group (``fn`` importable by name); rank 0's
+    return value. A rank's error is raised here as ``TrainingFailed`` with its last line."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    workers = [context.Process(target=_worker, args=(fn, args, rank, world_size, port, results), daemon=True)
+               for rank in range(world_size)]
+    for worker in workers:
+        worker.start()
+    outcomes = _collect(results, workers, time.monotonic() + timeout_s)
+    for worker in workers:
+        worker.join(5)
+        if worker.is_alive():
+            worker.kill()
+    errors = [value for kind, value in outcomes if kind == "error"]
+    if errors or len(outcomes) < world_size:
+        raise TrainingFailed(errors[0] if errors else f"a worker exited without a result (exit codes "
+                             f"{[w.exitcode for w in workers]})")
+    return next(value for kind, value in outcomes if kind == "rank0")
+
+
+def _collect(results, workers: list, deadline: float) -> list[tuple[str, object]]:
+    """Every rank's outcome, read as it comes (a rank blocks on a full pipe until its result is read), until all
+    have reported, one died without a word, or the deadline passed."""
+    outcomes: list[tuple[str, object]] = []
+    while len(outcomes) < len(workers) and time.monotonic() < deadline:
+        try:
+            outcomes.append(results.get(timeout=1))
+        except queue.Empty:
+            if sum(w.exitcode is not None for w in workers) > len(outcomes):
+                break
+    return outcomes
+
+
+def _worker(fn: Callable, args: tuple, rank: int, world_size: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        value = fn(rank, world_size, *args)
+        dist.destroy_process_group()
+        results.put(("rank0" if rank == 0 else "done", value))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        results.put(("error", f"rank {rank}: {traceback.format_exc().strip().splitlines()[-1]}"))

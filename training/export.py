@@ -1,0 +1,114 @@
+"""``spotray export``: a committed checkpoint -> a Hugging Face model directory (config.json, safetensors, tokenizer).
+
+Reads only the model's tensors (not the optimizer state), one output file's worth at a time, so that memory stays
+near the size of one output file; writes only under ``--out``, never in the run."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from training.checkpoint import (
+    CommittedCheckpoint,
+    checkpoints_root,
+    list_committed,
+    load_model_tensors,
+    model_tensors,
+    read_model_record,
+)
+from training.errors import CheckpointError, SpotrayError
+from training.storage import Location, StorageOptions, resolve
+from training.tasks.gpt import to_gpt2
+
+RENAMES = {"gpt": to_gpt2}
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
+
+
+class ExportError(SpotrayError):
+    pass
+
+
+def export(run_url: str, out: str, step: int | None = None, options: StorageOptions | None = None,
+           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
+    """Write step ``step`` (default: the newest committed) of the run at ``run_url`` to ``out``; returns a summary."""
+    run_root = resolve(run_url, options)
+    checkpoint = _pick(run_root, step)
+    record, tokenizer = read_model_record(run_root)
+    if record is None:
+        raise ExportError(f"{run_url} records no model description (checkpoints/model.json): it was trained by an "
+                          "older spotray; re-run one step of it with this version, then export")
+    out_dir = resolve(out, options)
+    if out_dir.child("config.json").exists() or out_dir.child(WEIGHTS).exists() or out_dir.child(INDEX).exists():
+        raise ExportError(f"--out {out} already holds a model: choose an empty directory")
+    names = _shards(model_tensors(checkpoint), max_shard_bytes)
+    rename = RENAMES[record["rename"]] if record.get("rename") else dict
+    files = _write_weights(checkpoint, names, rename, out_dir)
+    if record.get("hf_config"):
+        out_dir.child("config.json").write_text(json.dumps(record["hf_config"], indent=2, sort_keys=True) + "\n")
+    if tokenizer is not None:
+        out_dir.child("tokenizer.json").write_bytes(tokenizer)
+    return {"step": checkpoint.step, "out": out, "files": files, "config": bool(record.get("hf_config")),
+            "tokenizer": tokenizer is not None}
+
+
+def _pick(run_root: Location, step: int | None) -> CommittedCheckpoint:
+    committed = list_committed(checkpoints_root(run_root), warn=False)
+    if not committed:
+        raise ExportError(f"no committed checkpoint under {run_root.url}: give the run's URL "
+                          "(<checkpoint.path>/<run.name>) of a run that saved one")
+    if step is None:
+        return committed[0]
+    match = [c for c in committed if c.step == step]
+    if not match:
+        steps = ", ".join(str(c.step) for c in reversed(committed))
+        raise ExportError(f"--step {step} is not a committed checkpoint of {run_root.url}: committed steps are {steps}")
+    return match[0]
+
+
+def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int) -> list[list[str]]:
+    """Tensor names in groups of at most ``max_bytes`` (a larger tensor gets a group of its own)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, (dtype, shape) in tensors.items():
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], rename, out_dir: Location) -> list[str]:
+    from safetensors.torch import save_file
+
+    single = len(groups) == 1
+    weight_map, files = {}, []
+    with tempfile.TemporaryDirectory() as scratch:
+        for i, names in enumerate(groups):
+            try:
+                tensors = rename(load_model_tensors(checkpoint, names))
+            except CheckpointError as exc:
+                raise ExportError(str(exc)) from None
+            name = WEIGHTS if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            local = Path(scratch, name)
+            save_file(tensors, str(local), metadata={"format": "pt"})
+            out_dir.child(name).put_file(str(local))
+            local.unlink()
+            weight_map.update(dict.fromkeys(tensors, name))
+            files.append(name)
+            del tensors
+    if not single:
+        index = {"metadata": {"total_size": _total_bytes(checkpoint, groups)}, "weight_map": weight_map}
+        out_dir.child(INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        files.append(INDEX)
+    return files
+
+
+def _total_bytes(checkpoint: CommittedCheckpoint, groups: list[list[str]]) -> int:
+    shapes = model_tensors(checkpoint)
+    return sum(torch.Size(shapes[n][1]).numel() * shapes[n][0].itemsize for group in groups for n in group)

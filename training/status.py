@@ -1,0 +1,170 @@
+"""``spotray status``: where a run stands, read from its storage alone, from any machine that can reach it.
+
+Read-only and light, so that it can be run against a run while it trains, as often as one likes: it reads the
+ledger's small records and the checkpoints' commit markers, never a checkpoint's data; it writes and locks nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from training import goodput, ledger
+from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed
+from training.errors import StorageError
+from training.storage import Location, StorageOptions, resolve
+
+# Rank 0 rewrites its status.json every train.log_every steps (10 by default). A blocking checkpoint save or a
+# drain (a spot notice's 2 minutes, plus a grace) can hold the next write back for minutes without the run stopping.
+LIVE_WITHIN_S = 180.0
+LIVE_WITHIN_STEPS = 30  # three log intervals at the default cadence: for runs whose steps are slow
+READ_TRIES = 3
+RETRY_PAUSE_S = 0.5
+RUN_URL_HINT = "give a run's URL, <checkpoint.path>/<run.name> (a local dir, file:///abs/path or s3://bucket/prefix)"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def gather(run_url: str, options: StorageOptions | None = None) -> dict:
+    """The run's status as one JSON-ready dict, with the same keys whatever state the run is in."""
+    root = _run_root(run_url, options)
+    failures = 0
+    while True:
+        try:
+            return _snapshot(root, time.time())
+        # Records are replaced whole, yet one can vanish between a listing and its read (retention deletes old
+        # checkpoints) or be caught half-written on a store without atomic replace: read the run again.
+        except (StorageError, ValueError, KeyError, TypeError) as exc:
+            failures += 1
+            if failures == READ_TRIES:
+                raise StorageError(f"cannot read the records of the run at {root.url} ({_first_line(exc)}); "
+                                   "run the command again") from exc
+            time.sleep(RETRY_PAUSE_S)
+
+
+def _run_root(run_url: str, options: StorageOptions | None) -> Location:
+    root = resolve(run_url, options)
+    try:
+        is_run = ledger.attempts_root(root).is_dir() or checkpoints_root(root).is_dir()
+    except StorageError as exc:
+        raise StorageError(f"cannot read {root.url} ({_first_line(exc)}): {RUN_URL_HINT}") from exc
+    if not is_run:
+        raise StorageError(f"{root.url} is not a training run (it has no attempts/ or checkpoints/): {RUN_URL_HINT}")
+    return root
+
+
+def _snapshot(root: Location, now: float) -> dict:
+    attempts_root = ledger.attempts_root(root)
+    records = goodput.attempt_records(attempts_root)
+    account = goodput.account_of(records, ledger.run_started_at(attempts_root))
+    time_split = account.to_dict()
+    return {
+        "run": root.url,
+        **_latest(attempts_root, records, account, now),
+        "checkpoints": [_checkpoint(c, now) for c in list_committed(checkpoints_root(root), warn=False)],
+        "attempts": [_attempt(r) for r in records],
+        "interruptions": time_split["events"],
+        "lost_steps": time_split["lost_steps"],
+        "goodput": time_split["goodput"],
+        "total_s": time_split["total_s"],
+        "badput_s": {k: v for k, v in time_split["seconds"].items() if k != "productive"},
+    }
+
+
+def _latest(attempts_root: Location, records: list[goodput.AttemptRecord], account: goodput.Account,
+            now: float) -> dict:
+    """The newest attempt: whether it trains, how far it got, and when it was last heard of."""
+    if not records:
+        return {"state": "stopped", "step": 0, "max_steps": None, "last_loss": None, "tokens_per_s": None,
+                "last_seen_s_ago": None, "error": None}
+    latest = records[-1]
+    kept = account.kept.get(latest.last_step)
+    return {"state": _state(attempts_root, latest, now), "step": latest.last_step,
+            "max_steps": next((r.status["max_steps"] for r in reversed(records) if r.status), None),
+            "last_loss": kept.loss if kept else None, "tokens_per_s": latest.status_of("tokens_per_s", None),
+            "last_seen_s_ago": round(now - latest.last_seen, 1), "error": latest.status_of("error", None)}
+
+
+def _state(attempts_root: Location, latest: goodput.AttemptRecord, now: float) -> str:
+    if ledger.attempt_finished(attempts_root, latest.info.attempt_id):
+        return "finished"
+    if latest.status_of("error", None) or now - latest.last_seen > _live_window_s(latest):
+        return "stopped"
+    return "live"
+
+
+def _live_window_s(latest: goodput.AttemptRecord) -> float:
+    """How long rank 0 may stay silent and still be training, scaled to the attempt's own pace."""
+    first_step_at = latest.status_of("first_step_at", None)
+    steps = latest.last_step - latest.info.from_step
+    seconds_per_step = (latest.last_seen - first_step_at) / steps if first_step_at and steps > 0 else 0.0
+    return max(LIVE_WITHIN_S, LIVE_WITHIN_STEPS * seconds_per_step)
+
+
+def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
+    return {"step": checkpoint.step, "bytes": checkpoint.nbytes, "age_s": round(now - checkpoint.committed_at, 1),
+            "world_size": checkpoint.world_size, "url": checkpoint.url}
+
+
+def _attempt(record: goodput.AttemptRecord) -> dict:
+    return {"id": record.info.attempt_id, "from_step": record.info.from_step, "last_step": record.last_step,
+            "world_size": record.info.world_size}
+
+
+def format_text(status: dict) -> str:
+    """A few lines for a terminal."""
+    events = status["interruptions"]
+    return "\n".join([
+        f"run          {status['run']}",
+        f"state        {_state_text(status)}",
+        f"progress     {_progress_text(status)}",
+        f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
+        f"attempts     {len(status['attempts'])}, {len(events)} interruptions, {status['lost_steps']} steps lost",
+        *(f"  {_interruption_text(e)}" for e in events),
+        f"goodput      {_goodput_text(status)}",
+    ])
+
+
+def _state_text(status: dict) -> str:
+    if status["last_seen_s_ago"] is None:
+        return f"{status['state']} (no attempt has started)"
+    text = f"{status['state']} (last seen {status['last_seen_s_ago']:,.0f}s ago)"
+    if status["error"]:
+        return f"{text}: {status['error']}"
+    if status["state"] == "stopped":
+        return f"{text}: interrupted, or waiting for a restart"
+    return text
+
+
+def _progress_text(status: dict) -> str:
+    parts = [f"step {status['step']}" + (f"/{status['max_steps']}" if status["max_steps"] else "")]
+    if status["last_loss"] is not None:
+        parts.append(f"loss {status['last_loss']:.4f}")
+    if status["tokens_per_s"]:
+        parts.append(f"{status['tokens_per_s']:,.0f} tok/s")
+    return ", ".join(parts)
+
+
+def _checkpoints_text(checkpoints: list[dict]) -> str:
+    if not checkpoints:
+        return "none committed"
+    return ", ".join(f"step {c['step']} ({_size(c['bytes'])}, {c['age_s']:,.0f}s ago)" for c in checkpoints)
+
+
+def _interruption_text(event: dict) -> str:
+    resumed = ("not resumed yet" if event["recovery_s"] is None else
+               f"resumed from step {event['resumed_from']} after {event['recovery_s']:.1f}s")
+    return f"{event['kind']} at step {event['step']}: {event['lost_steps']} steps lost, {resumed}"
+
+
+def _goodput_text(status: dict) -> str:
+    badput = ", ".join(f"{category} {seconds:,.0f}s" for category, seconds in status["badput_s"].items())
+    return f"{100 * status['goodput']:.1f}% of {status['total_s']:,.0f}s; badput: {badput}"
+
+
+def _size(nbytes: int) -> str:
+    power = min(len(_UNITS) - 1, max(0, nbytes.bit_length() - 1) // 10)
+    return f"{nbytes / 1024**power:.1f} {_UNITS[power]}" if power else f"{nbytes} B"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,76 @@
+"""``LanguageModelTask``: next-token prediction on spotray's token shards. Tasks subclass it and give the model."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+
+from training.config import TrainConfig
+from training.data.dataset import TokenDataset
+from training.errors import ConfigError
+from training.tasks import ExportSpec
+
+
+class LanguageModelTask:
+    """Samples are windows of ``seq_len + 1`` tokens; the loss is the summed cross-entropy of each next token, so a
+    unit is a predicted token. Subclasses implement ``build_model`` and usually ``shard_units`` and ``init_weights``."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.units_per_sample = cfg.train.seq_len
+
+    @cached_property
+    def dataset(self) -> TokenDataset:
+        return TokenDataset.open(self.cfg.data.path, self.cfg.train.seq_len, self.cfg.storage.options())
+
+    def open_dataset(self) -> TokenDataset:
+        return self.dataset
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def on_materialized(self, model: torch.nn.Module) -> None:
+        pass
+
+    def init_weights(self, model: torch.nn.Module) -> None:
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+
+    def logits(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs)
+
+    def loss(self, model: torch.nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        logits = self.logits(model, batch[:, :-1])
+        targets = batch[:, 1:]
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum"), targets.numel()
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return []
+
+    def flops_per_unit(self, model: torch.nn.Module) -> float | None:
+        return 6 * linear_weights(model)
+
+    def export_spec(self) -> ExportSpec | None:
+        return None
+
+    def load_pretrained(self, model: torch.nn.Module) -> None:
+        raise ConfigError("model.task", f"{type(self).__name__} cannot start from pretrained weights",
+                          "implement load_pretrained in the task")
+
+    def extra_state(self) -> dict:
+        return {}
+
+
+def linear_weights(model: torch.nn.Module) -> int:
+    """Weights of the model's matrix multiplies (``nn.Linear``, shared ones once): 2 FLOPs each per token forward,
+    4 backward. Works on a model on the meta device."""
+    seen = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(seen.values())
+
+
+def attention_flops_per_token(n_layer: int, seq_len: int, d_model: int) -> float:
+    """Causal self-attention's score and value matmuls, forward + backward (PaLM appendix B): 12·L·T·d."""
+    return 12 * n_layer * seq_len * d_model

@@ -1,0 +1,64 @@
+"""The built-in GPT as a task; it exports as a ``transformers`` ``GPT2LMHeadModel``."""
+
+from __future__ import annotations
+
+import torch
+
+from training.model import GPT, GPTShape
+from training.tasks import ExportSpec
+from training.tasks.base import LanguageModelTask, attention_flops_per_token
+
+
+class GPTTask(LanguageModelTask):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.shape = GPTShape.from_config(cfg.model, self.dataset.vocab_size, cfg.train.seq_len)
+
+    def build_model(self) -> GPT:
+        return GPT(self.shape)
+
+    def on_materialized(self, model: GPT) -> None:
+        model.tie_weights()
+
+    def init_weights(self, model: GPT) -> None:
+        model.init_weights()
+
+    def shard_units(self, model: GPT) -> list[torch.nn.Module]:
+        return list(model.blocks)
+
+    def flops_per_unit(self, model: GPT) -> float:
+        return super().flops_per_unit(model) + attention_flops_per_token(
+            self.shape.n_layer, self.shape.block_size, self.shape.n_embd)
+
+    def export_spec(self) -> ExportSpec:
+        return ExportSpec(hf_config=gpt2_config(self.shape), rename="gpt")
+
+
+def gpt2_config(shape: GPTShape) -> dict:
+    """The ``GPT2Config`` of the same network: GELU(tanh), LayerNorm eps 1e-5, MLP 4·d, tied embeddings."""
+    return {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": shape.vocab_size,
+        "n_positions": shape.block_size, "n_embd": shape.n_embd, "n_layer": shape.n_layer, "n_head": shape.n_head,
+        "n_inner": 4 * shape.n_embd, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True,
+        "bos_token_id": None, "eos_token_id": None,
+    }
+
+
+_GPT2_NAMES = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.0": "mlp.c_fc", "mlp.2": "mlp.c_proj"}
+
+
+def to_gpt2(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """spotray GPT names -> GPT2LMHeadModel names. GPT-2's ``Conv1D`` stores linear weights as [in, out], hence the
+    transposes; the tied ``lm_head`` is left out."""
+    out = {}
+    for name, tensor in state.items():
+        if name == "lm_head.weight":
+            continue
+        new = name.replace("blocks.", "h.", 1)
+        for ours, theirs in _GPT2_NAMES.items():
+            if f".{ours}." in new:
+                new = new.replace(f".{ours}.", f".{theirs}.")
+                tensor = tensor.t().contiguous() if new.endswith(".weight") else tensor
+        out[f"transformer.{new}"] = tensor
+    return out

@@ -1,0 +1,108 @@
+"""A Hugging Face Transformers causal LM as a task: any ``AutoModelForCausalLM`` built from its config."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from training.errors import ConfigError, StorageError
+from training.storage import resolve
+from training.tasks import ExportSpec
+from training.tasks.base import LanguageModelTask, attention_flops_per_token
+from training.tasks.pretrained import load_sharded
+
+
+class HFTask(LanguageModelTask):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        hf = cfg.model.hf
+        self.pretrained = hf.pretrained
+        self.config = _auto_config(*_config_source(hf, cfg.storage.options()))
+        self._check_fits_data()
+
+    def _check_fits_data(self) -> None:
+        model_vocab, data_vocab = self.config.get_text_config().vocab_size, self.dataset.vocab_size
+        if model_vocab < data_vocab:
+            raise ConfigError("model.hf", f"the model's vocabulary has {model_vocab} tokens, the dataset's tokenizer "
+                              f"{data_vocab}", "prepare the data with this model's tokenizer "
+                              "(spotray prepare --tokenizer MODEL_DIR) or raise the config's vocab_size")
+        positions = getattr(self.config.get_text_config(), "max_position_embeddings", None)
+        if positions is not None and positions < self.cfg.train.seq_len:
+            raise ConfigError("train.seq_len", f"{self.cfg.train.seq_len} exceeds the model's "
+                              f"max_position_embeddings={positions}", "lower train.seq_len")
+
+    def build_model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            return AutoModelForCausalLM.from_config(self.config, attn_implementation="sdpa", dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many kinds for a config it cannot build
+            raise ConfigError("model.hf", f"transformers cannot build a causal LM from this config "
+                              f"({type(exc).__name__}: {exc})", "check the config's keys and model_type") from None
+
+    def on_materialized(self, model: torch.nn.Module) -> None:
+        model.tie_weights()
+        for module in model.modules():  # e.g. rotary embedding tables: buffers no checkpoint holds
+            if next(module.buffers(recurse=False), None) is not None and not list(module.parameters(recurse=False)):
+                model._init_weights(module)
+
+    def init_weights(self, model: torch.nn.Module) -> None:
+        model.init_weights()
+
+    def logits(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=inputs, use_cache=False).logits
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        layer_classes = set(model._no_split_modules or ())
+        return [m for m in model.modules() if type(m).__name__ in layer_classes]
+
+    def flops_per_unit(self, model: torch.nn.Module) -> float:
+        text = self.config.get_text_config()
+        return super().flops_per_unit(model) + attention_flops_per_token(
+            text.num_hidden_layers, self.cfg.train.seq_len, text.hidden_size)
+
+    def export_spec(self) -> ExportSpec:
+        return ExportSpec(hf_config=self.config.to_dict())
+
+    def load_pretrained(self, model: torch.nn.Module) -> int:
+        return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
+
+
+def _config_source(hf, options) -> tuple[dict, str]:
+    """The config mapping and the setting it came from."""
+    if isinstance(hf.config, dict):
+        return hf.config, "model.hf.config"
+    key, url = ("model.hf.pretrained", hf.pretrained) if hf.pretrained else ("model.hf.config", hf.config)
+    location = resolve(url, options)
+    try:
+        if location.is_dir():
+            location = location.child("config.json")
+        text = location.read_text()
+    except StorageError:
+        raise ConfigError(key, f"no config.json at {url}",
+                          "give a config.json file or a directory holding one (local or s3://)") from None
+    try:
+        mapping = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(key, f"{location.url} is not valid JSON ({exc})", "fix or re-save the config") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError(key, f"{location.url} is not a JSON object", "give a Transformers config.json")
+    return mapping, key
+
+
+def _auto_config(mapping: dict, key: str):
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = mapping.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        known = "missing" if model_type is None else f"unknown ({model_type!r})"
+        raise ConfigError(key, f"model_type is {known}", "give the model_type of a Transformers causal LM, "
+                          "e.g. llama or gpt2, as save_pretrained writes it")
+    settings = {k: v for k, v in mapping.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return AutoConfig.for_model(model_type, **settings)
+    except Exception as exc:  # noqa: BLE001 - config classes validate with assorted exception types
+        raise ConfigError(key, f"not a valid {model_type} config ({type(exc).__name__}: {exc})",
+                          "fix the named keys") from None
