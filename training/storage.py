@@ -69,6 +69,10 @@ class Location:
         joined = "/".join(p.strip("/") for p in parts if p)
         return Location(f"{self.url.rstrip('/')}/{joined}", self.fs, f"{self.path.rstrip('/')}/{joined}")
 
+    def file_named(self, name: str) -> Location:
+        """This location, or its child ``name`` where this is a directory (``model_dir`` or ``model_dir/x.json``)."""
+        return self.child(name) if self.is_dir() else self
+
     def exists(self) -> bool:
         return self._info().type != pafs.FileType.NotFound
 

@@ -7,24 +7,11 @@ import json
 
 import pytest
 
+from tests.training.ledgers import write_attempt
 from training import goodput, ledger
 from training.progress import ProgressMonitor
 from training.storage import resolve
 from training.telemetry import RankZeroTelemetry
-
-
-def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict) -> None:
-    info = ledger.AttemptInfo(attempt_id, from_step, world_size=2, per_rank_batch=4, started_at=status["entered_at"])
-    ledger.write_attempt(root, info)
-    writer = ledger.RecordWriter()
-    losses = ledger.LossLog(root, attempt_id, writer)
-    for step in range(from_step + 1, last_step + 1):
-        losses.record(step, loss=10.0 / step, seconds=1.0)
-    losses.flush()
-    clock = goodput.AttemptClock(root, attempt_id, status["entered_at"], 100, writer)
-    clock.update(**status)
-    writer.put(clock.location, json.dumps(clock.status))  # flush() would stamp last_seen with now
-    writer.close(timeout_s=10)
 
 
 @pytest.fixture

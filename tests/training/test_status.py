@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.repo import REPO
+from tests.training.ledgers import write_attempt
 from training import goodput, ledger, status
 from training.checkpoint import Checkpointer
 from training.cli import main
@@ -25,31 +26,17 @@ CHECKPOINT_STEPS = (50, 70)
 PARTIAL_STEP_DIR = "step_000000090"  # a save in flight: files written, no commit marker yet
 
 
-def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status_fields: dict) -> None:
-    info = ledger.AttemptInfo(attempt_id, from_step, world_size=2, per_rank_batch=4,
-                              started_at=status_fields["entered_at"])
-    ledger.write_attempt(root, info)
-    writer = ledger.RecordWriter()
-    losses = ledger.LossLog(root, attempt_id, writer)
-    for step in range(from_step + 1, last_step + 1):
-        losses.record(step, loss=10.0 / step, seconds=1.0)
-    losses.flush()
-    clock = goodput.AttemptClock(root, attempt_id, status_fields["entered_at"], 100, writer)
-    clock.update(step=last_step, **status_fields)
-    writer.put(clock.location, json.dumps(clock.status))  # flush() would stamp last_seen with now
-    writer.close(timeout_s=10)
-
-
 def build_run(run_root, seen_ago: float = 0.0):
     attempts = ledger.attempts_root(run_root)
     t0 = time.time() - 300 - seen_ago
     attempts.child("run.json").write_text(json.dumps({"started_at": t0}))
-    write_attempt(attempts, "a", 0, 50, {"entered_at": t0 + 10, "startup_s": 5.0, "checkpoint_save_s": 2.0,
-                                         "drain_wait_s": 20.0, "first_step_at": t0 + 16, "last_seen": t0 + 110,
+    write_attempt(attempts, "a", 0, 50, {"step": 50, "entered_at": t0 + 10, "startup_s": 5.0,
+                                         "checkpoint_save_s": 2.0, "drain_wait_s": 20.0, "first_step_at": t0 + 16,
+                                         "last_seen": t0 + 110,
                                          "notice": {"step": 50, "at": t0 + 90, "committed": True}})
-    write_attempt(attempts, "b", 50, 80, {"entered_at": t0 + 130, "startup_s": 4.0, "restore_s": 1.0,
+    write_attempt(attempts, "b", 50, 80, {"step": 80, "entered_at": t0 + 130, "startup_s": 4.0, "restore_s": 1.0,
                                           "first_step_at": t0 + 140, "last_seen": t0 + 200})
-    write_attempt(attempts, "c", 70, 90, {"entered_at": t0 + 215, "startup_s": 4.0, "restore_s": 1.0,
+    write_attempt(attempts, "c", 70, 90, {"step": 90, "entered_at": t0 + 215, "startup_s": 4.0, "restore_s": 1.0,
                                           "checkpoint_save_s": 1.0, "first_step_at": t0 + 225, "last_seen": t0 + 300,
                                           "tokens_per_s": 1234.5})
     checkpointer = Checkpointer(run_root, rank=0, world_size=1, keep_last=10)

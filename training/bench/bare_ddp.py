@@ -1,7 +1,7 @@
 """A bare torchrun DDP loop — the baseline ``spotray bench throughput`` compares ``spotray train`` against.
 
-Same model, data, batch split and optimizer as spotray, with none of its machinery (no Ray, no checkpoints,
-no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
+Same task (model, data, loss), batch split and optimizer as spotray, with none of its machinery (no Ray, no
+checkpoints, no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
 With ``scaling.use_gpu`` it trains on one GPU per process over NCCL, under ``train.dtype`` autocast as spotray does.
 """
 
@@ -14,14 +14,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from training.config import from_dict
-from training.data.dataset import TokenDataset
-from training.model import GPT, GPTShape
 from training.optim import build_optimizer
 from training.sampler import ElasticSampler
+from training.tasks import load_task
 
 
 def main(config_json: str) -> None:
@@ -33,8 +31,13 @@ def main(config_json: str) -> None:
     dist.init_process_group("nccl" if gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(cfg.seed)
-    dataset = TokenDataset.open(cfg.data.path, cfg.train.seq_len, cfg.storage.options())
-    model = GPT(GPTShape.from_config(cfg.model, dataset.vocab_size, cfg.train.seq_len)).to(device)
+    task = load_task(cfg)
+    dataset = task.open_dataset()
+    with torch.device("meta"):
+        model = task.build_model()
+    model.to_empty(device=device)
+    task.on_materialized(model)
+    task.init_weights(model)
     model = DistributedDataParallel(model, device_ids=[device.index] if gpu else None)
     bf16 = cfg.train.dtype == "bfloat16"
     optimizer = build_optimizer(model, cfg.train)
@@ -44,9 +47,8 @@ def main(config_json: str) -> None:
         started = time.perf_counter()
         batch = dataset.batch(sampler.next_batch(rank, world)).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-        loss.backward()
+            loss, units = task.loss(model, batch)
+        (loss / units).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

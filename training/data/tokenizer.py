@@ -65,11 +65,8 @@ def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> 
     holding one."""
     if spec == BYTES:
         return ByteTokenizer()
-    loc = resolve(spec, options)
     try:
-        if loc.is_dir():
-            loc = loc.child("tokenizer.json")
-        data = loc.read_bytes()
+        data = resolve(spec, options).file_named("tokenizer.json").read_bytes()
     except StorageError:
         raise DataError(
             f"--tokenizer '{spec}': no tokenizer.json found there; give 'bytes', a HuggingFace tokenizer.json or a "

@@ -74,10 +74,8 @@ def _config_source(hf, options) -> tuple[dict, str]:
     if isinstance(hf.config, dict):
         return hf.config, "model.hf.config"
     key, url = ("model.hf.pretrained", hf.pretrained) if hf.pretrained else ("model.hf.config", hf.config)
-    location = resolve(url, options)
     try:
-        if location.is_dir():
-            location = location.child("config.json")
+        location = resolve(url, options).file_named("config.json")
         text = location.read_text()
     except StorageError:
         raise ConfigError(key, f"no config.json at {url}",
