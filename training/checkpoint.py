@@ -240,9 +240,10 @@ class _RawReader(FileSystemReader):
             data = self.fs.verified_view(self.fs.concat_path(self.path, relative_path))
             return lambda offset, length: data[offset : offset + length]
         file = self.location.child(relative_path)
-        if file.size() != self.expected.get(relative_path, {}).get("size"):
+        handle = file.open_input()  # once per file: each open of an S3 object costs a request
+        if handle.size() != self.expected.get(relative_path, {}).get("size"):
             raise CheckpointError(f"{file.url} is corrupted (its size differs from {COMMIT_MARKER})")
-        return lambda offset, length: memoryview(bytearray(file.read_range(offset, length)))
+        return lambda offset, length: memoryview(bytearray(handle.read_at(length, offset)))
 
 
 class Checkpointer:

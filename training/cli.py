@@ -127,7 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
-    p.add_argument("which", choices=["checkpoint", "throughput", "recovery"])
+    p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
@@ -135,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="training steps (throughput), saves (checkpoint), or the checkpoint interval (recovery)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
+    p.add_argument("--hf-config", default=None,
+                   help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2, help="throughput, recovery benches: runs per side, interleaved")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")

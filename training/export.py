@@ -1,7 +1,7 @@
 """``spotray export``: a committed checkpoint -> a Hugging Face model directory (config.json, safetensors, tokenizer).
 
-Reads only the model's tensors (not the optimizer state), one output file's worth at a time, so that memory stays
-near the size of one output file; writes only under ``--out``, never in the run."""
+Reads only the model's tensors (not the optimizer state), one output file's worth at a time, and writes them one
+by one, so that memory stays near the size of one output file; writes only under ``--out``, never in the run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from training import weights_file
 from training.checkpoint import (
     CommittedCheckpoint,
     checkpoints_root,
@@ -84,8 +85,6 @@ def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int) -> li
 
 
 def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], rename, out_dir: Location) -> list[str]:
-    from safetensors.torch import save_file
-
     single = len(groups) == 1
     weight_map, files = {}, []
     with tempfile.TemporaryDirectory() as scratch:
@@ -96,7 +95,7 @@ def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], ren
                 raise ExportError(str(exc)) from None
             name = WEIGHTS if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             local = Path(scratch, name)
-            save_file(tensors, str(local), metadata={"format": "pt"})
+            weights_file.write(tensors, str(local))
             out_dir.child(name).put_file(str(local))
             local.unlink()
             weight_map.update(dict.fromkeys(tensors, name))

@@ -110,11 +110,6 @@ class Location:
     def read_text(self) -> str:
         return self.read_bytes().decode("utf-8")
 
-    def read_range(self, offset: int, nbytes: int) -> bytes:
-        with self._guard("read"):
-            with self.fs.open_input_file(self.path) as f:
-                return f.read_at(nbytes, offset)
-
     def open_input(self) -> pafs.NativeFile:
         """A seekable file supporting ``read_at`` (ranged GETs on S3)."""
         with self._guard("open"):

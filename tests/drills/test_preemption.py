@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from tests.training.test_hf import TINY
 from training import ledger
-from training.checkpoint import checkpoints_root, list_committed
+from training.checkpoint import checkpoints_root, list_committed, read_model_record
 from training.drills.cluster import LocalCluster
 from training.drills.outage import OutageProxy
 from training.drills.s3local import create_bucket
@@ -69,11 +70,12 @@ def cluster(tmp_path, s3_server):  # after the S3 server: its credentials reach 
         yield c
 
 
-def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expected_kind: str) -> tuple[int, int]:
+def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expected_kind: str,
+              *extra: str) -> tuple[int, int]:
     """Train, call ``inject(victim)`` once step 20 is committed, add a replacement node, and check the run
     finished with every sample trained exactly once over two attempts. Returns (last step of the first
     attempt, step the second attempt resumed from)."""
-    driver = start_training(dataset_url, tmp_path, cluster)
+    driver = start_training(dataset_url, tmp_path, cluster, *extra)
     wait_for_checkpoint(tmp_path, 20, driver)
     inject(cluster.nodes[-1])
     cluster.add_node()  # the replacement spot node
@@ -87,8 +89,12 @@ def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expecte
     return first_last, second_from
 
 
-def test_preemption_with_notice_loses_no_steps(cluster, dataset_url, tmp_path):
-    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice, "notice")
+def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster, dataset_url, tmp_path):
+    """A tiny Llama (the built-in GPT's notice is drilled by the demo's test)."""
+    llama = [f"model.hf.config.{key}={value}" for key, value in TINY["llama"].items()]
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice, "notice",
+                                        *llama)
+    assert read_model_record(resolve(f"{tmp_path}/ckpt").child("drill"))[0]["task"] == "hf"
     # The notice lands between periodic saves, or on one, which is then reused rather than rewritten.
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
     driver_log = (tmp_path / "driver.log").read_text()

@@ -14,12 +14,12 @@ import pytest
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
 
-def bench(*args: str) -> dict:
+def bench(*args: str, model: str = "tiny") -> dict:
     proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert result["model"] == "tiny" and {"cpu_count", "torch", "date"} <= set(result["machine"])
+    assert result["model"] == model and {"cpu_count", "torch", "date"} <= set(result["machine"])
     return result
 
 
@@ -41,6 +41,24 @@ def test_throughput_bench():
     result = bench("throughput", "--steps", "3", "--rounds", "1")
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
     assert_ratios(result, "step_time_ratio")
+
+
+def test_throughput_bench_of_a_transformers_model():
+    llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \
+            '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256}'
+    result = bench("throughput", "--steps", "3", "--rounds", "1", "--hf-config", llama, model="hf:llama")
+    assert_ratios(result, "step_time_ratio")
+
+
+def test_pretrained_bench_reads_about_half_the_model_on_each_of_2_ranks():
+    result = bench("pretrained")
+    assert all(0.4 < share <= 0.6 for share in result["bytes_read_per_rank_over_model"])
+    assert_ratios(result, "from_pretrained_local_one_rank_s", "model_mb")
+
+
+def test_export_bench():
+    result = bench("export")
+    assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
 
 
 @pytest.mark.slow  # two multi-node kill drills: 3 minutes on 2 cores

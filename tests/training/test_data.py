@@ -126,6 +126,22 @@ def test_hf_tokenizer_round_trip(tmp_path):
     assert [ds.sample(i).tolist() for i in range(ds.num_samples)] == expected_samples(stream, 1 << 20, 3)
 
 
+def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_copy(tmp_path, s3_bucket):
+    bucket_url, options = s3_bucket
+    texts = ["the quick brown fox jumps", "over the lazy dog"]
+    train_bpe(tmp_path / "model", texts)
+    (tmp_path / "model" / "config.json").write_text("{}")  # a model directory, not a bare tokenizer.json
+    for path in (tmp_path / "model").iterdir():
+        resolve(f"{bucket_url}/model/{path.name}", options).put_file(str(path))
+    corpus = write_corpus(tmp_path / "corpus", {f"{i}.txt": t for i, t in enumerate(texts)})
+
+    index = prepare(str(corpus), f"{bucket_url}/tokens", tokenizer=f"{bucket_url}/model", options=options)
+
+    assert index["tokenizer_file"] == "tokenizer.json"
+    copy = TokenDataset.open(f"{bucket_url}/tokens", seq_len=3, options=options).tokenizer_file
+    assert copy.read_bytes() == (tmp_path / "model" / "tokenizer.json").read_bytes()
+
+
 def test_uint32_is_used_when_the_vocab_does_not_fit_in_uint16(tmp_path):
     vocab = {f"w{i}": i for i in range(70_000)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))

@@ -4,10 +4,13 @@ dropout: 1 and 2 workers draw different dropout masks, so only dropout-free loss
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally as train
 from tests.training.test_resume import SAME_TRAINING_TOL, assert_losses_close, losses
@@ -138,3 +141,21 @@ def test_a_pretrained_directory_without_weights_is_refused_naming_the_setting(da
     cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "p", model={"hf": {"pretrained": str(tmp_path / "model")}})
     with pytest.raises(Exception, match=r"model.hf.pretrained.*no model.safetensors"):
         run_on_process_group(pretrained_logits, (cfg.to_dict(), [[0, 1, 2]]), 1)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ({"hidden_size": 64}, "model_type is missing"),
+    ({"model_type": "no-such-model"}, "model_type is unknown ('no-such-model')"),
+])
+def test_a_config_without_a_known_model_type_ends_in_one_line_naming_the_setting(config, expected, dataset_url,
+                                                                                   tmp_path):
+    overrides = [f"model.hf.config.{key}={value}" for key, value in config.items()]
+    args = ["train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'ckpt'}"]
+    for override in overrides:
+        args += ["--set", override]
+    result = subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("spotray: error")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert "config 'model.hf.config'" in errors[0] and expected in errors[0]
+    assert not (tmp_path / "ckpt").exists()

@@ -17,10 +17,18 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
 
         return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds,
                    every=args.steps or 5)
+    if which == "pretrained":
+        from training.bench.pretrained import run
+
+        return run(preset=args.preset, s3_endpoint=args.s3_endpoint)
+    if which == "export":
+        from training.bench.export import run
+
+        return run(preset=args.preset)
     from training.bench.throughput import run
 
     return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
-               gpu=args.gpu)
+               gpu=args.gpu, hf_config=args.hf_config)
 
 
 def _storages(arg: str) -> list[str]:

@@ -22,14 +22,16 @@ GPU_BATCH_PER_WORKER = 16  # sequences of 256 tokens per GPU and step
 
 
 def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, workers: int,
-            gpu: bool = False) -> config.TrainConfig:
+            gpu: bool = False, hf_config: str | None = None) -> config.TrainConfig:
     batch = GPU_BATCH_PER_WORKER * workers if gpu else 8
+    model = {"hf": {"config": json.loads(hf_config) if hf_config.lstrip().startswith("{") else hf_config}} \
+        if hf_config else None
     return config.load(None, [
         f"data.path={data_url}", f"checkpoint.path={workdir}/ckpt", f"run.name={name}",
         f"model.preset={preset}", "train.seq_len=256", f"train.global_batch_size={batch}", f"train.max_steps={steps}",
         f"checkpoint.every_steps={steps}", f"train.log_every={steps}", f"scaling.num_workers={workers}",
         *(["scaling.use_gpu=true", "train.dtype=bfloat16"] if gpu else []),
-    ])
+    ], base={"model": model} if model else None)
 
 
 def _bare_step_s(cfg: config.TrainConfig) -> float:
@@ -61,23 +63,31 @@ def _mfu(cfg: config.TrainConfig, tokens_per_s: float) -> float | None:
     return tokens_per_s * flops_per_token / (peak * cfg.scaling.num_workers)
 
 
+def _hf_name(cfg: config.TrainConfig) -> str:
+    return f"hf:{load_task(cfg).config.model_type}"
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2, gpu: bool = False) -> dict:
+def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2, gpu: bool = False,
+        hf_config: str | None = None) -> dict:
+    """``hf_config``: a Transformers config (a config.json URL, or the JSON itself) to benchmark instead of
+    ``preset``."""
     if gpu and workers > torch.cuda.device_count():
         raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s)")
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     bare, spotray = [], []
     for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu)
+        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config)
         bare.append(_bare_step_s(cfg))
         spotray.append(_spotray_step_s(cfg))
     tokens_per_s = cfg.train.global_batch_size * cfg.train.seq_len / min(spotray)
     return {
-        "machine": machine(), "workers": workers, "model": preset, "seq_len": 256,
+        "machine": machine(), "workers": workers, "seq_len": 256,
+        "model": preset if hf_config is None else _hf_name(cfg),
         "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
         "bare_torchrun_step_s": [round(s, 4) for s in bare],
         "spotray_ray_step_s": [round(s, 4) for s in spotray],

@@ -50,9 +50,10 @@ _GPT2_NAMES = {"attn.qkv": "attn.c_attn", "attn.proj": "attn.c_proj", "mlp.0": "
 
 def to_gpt2(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """spotray GPT names -> GPT2LMHeadModel names. GPT-2's ``Conv1D`` stores linear weights as [in, out], hence the
-    transposes; the tied ``lm_head`` is left out."""
+    transposes; the tied ``lm_head`` is left out. Consumes ``state``: each original goes as its copy is made."""
     out = {}
-    for name, tensor in state.items():
+    for name in list(state):
+        tensor = state.pop(name)
         if name == "lm_head.weight":
             continue
         new = name.replace("blocks.", "h.", 1)

@@ -7,43 +7,63 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
 from training.errors import ConfigError, StorageError
 from training.storage import Location
+from training.weights_file import TensorEntry, WeightsReader
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-           "BOOL": torch.bool}
-
-
-@dataclass(frozen=True)
-class _Entry:
-    file: Location
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int  # absolute byte offset in the file
+READ_THREADS = 8
 
 
 def load_sharded(model: torch.nn.Module, directory: Location, setting: str) -> int:
-    """Copy every parameter and persistent buffer's local part from ``directory``; returns the bytes read."""
-    entries = _catalogue(directory, setting)
+    """Copy every parameter and persistent buffer's local part from ``directory``; returns the bytes read. The ranged
+    reads run concurrently: on object storage each costs a round trip whatever its size."""
+    readers = _open_files(directory, setting)
+    try:
+        parts = _local_parts(model, readers, directory, setting)
+        with ThreadPoolExecutor(READ_THREADS) as pool:
+            fetched = pool.map(lambda p: p[1].rows(p[2], _first_row(p[0]), p[3]), parts)
+            read = 0
+            for (tensor, _, _, _), values in zip(parts, fetched, strict=True):
+                with torch.no_grad():
+                    _local(tensor).copy_(values.reshape(_local(tensor).shape))
+                read += values.numel() * values.element_size()
+    finally:
+        for reader in readers:
+            reader.close()
+    return read
+
+
+def _local_parts(model: torch.nn.Module, readers: list[WeightsReader], directory: Location,
+                 setting: str) -> list[tuple[torch.Tensor, WeightsReader, TensorEntry, int]]:
+    """(tensor, file, entry in it, rows this rank holds) for every tensor to load."""
+    entries = {name: (reader, entry) for reader in readers for name, entry in reader.entries.items()}
     tied = _tied_names(model)
-    read = 0
+    parts = []
     for name, tensor in _loadable(model):
-        entry = entries.get(name) or entries.get(_without_prefix(model, name))
-        if entry is None:
+        found = entries.get(name) or entries.get(_without_prefix(model, name))
+        if found is None:
             if name in tied:
                 continue
             raise ConfigError(setting, f"{directory.url} has no tensor '{name}'",
                               "point it at a directory saved from this model class (save_pretrained)")
-        read += _copy_local_part(tensor, entry, name, setting)
-    return read
+        reader, entry = found
+        if tuple(tensor.shape) != entry.shape:
+            raise ConfigError(setting, f"'{name}' has shape {list(entry.shape)} in {reader.location.url}, the "
+                              f"model {list(tensor.shape)}", "use the config.json saved with these weights")
+        local = _local(tensor)
+        if local.numel():
+            parts.append((tensor, reader, entry, local.shape[0] if local.dim() else 1))
+    return parts
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor.data
 
 
 def _loadable(model: torch.nn.Module):
@@ -64,7 +84,7 @@ def _without_prefix(model: torch.nn.Module, name: str) -> str:
     return name[len(prefix):] if name.startswith(prefix) else name
 
 
-def _catalogue(directory: Location, setting: str) -> dict[str, _Entry]:
+def _open_files(directory: Location, setting: str) -> list[WeightsReader]:
     index, single = directory.child(INDEX), directory.child(WEIGHTS)
     if index.exists():
         weight_map = _json(index, setting).get("weight_map")
@@ -76,22 +96,15 @@ def _catalogue(directory: Location, setting: str) -> dict[str, _Entry]:
     else:
         raise ConfigError(setting, f"no {WEIGHTS} or {INDEX} in {directory.url}",
                           "give a directory written by save_pretrained(safe_serialization=True)")
-    entries: dict[str, _Entry] = {}
-    for name in files:
-        entries.update(_header(directory.child(name), setting))
-    return entries
+    return [_open(directory.child(name), setting) for name in files]
 
 
-def _header(file: Location, setting: str) -> dict[str, _Entry]:
+def _open(file: Location, setting: str) -> WeightsReader:
     try:
-        (length,) = struct.unpack("<Q", file.read_range(0, 8))
-        header = json.loads(file.read_range(8, length))
-    except (StorageError, struct.error, ValueError) as exc:
+        return WeightsReader(file)
+    except (StorageError, ValueError, KeyError) as exc:
         raise ConfigError(setting, f"{file.url} is not a readable safetensors file ({exc})",
                           "re-save the model") from None
-    data_start = 8 + length
-    return {name: _Entry(file, _DTYPES[meta["dtype"]], tuple(meta["shape"]), data_start + meta["data_offsets"][0])
-            for name, meta in header.items() if name != "__metadata__"}
 
 
 def _json(location: Location, setting: str) -> dict:
@@ -99,22 +112,6 @@ def _json(location: Location, setting: str) -> dict:
         return json.loads(location.read_text())
     except (StorageError, ValueError) as exc:
         raise ConfigError(setting, f"{location.url} is not valid JSON ({exc})", "re-save the model") from None
-
-
-def _copy_local_part(tensor: torch.Tensor, entry: _Entry, name: str, setting: str) -> int:
-    if tuple(tensor.shape) != entry.shape:
-        raise ConfigError(setting, f"'{name}' has shape {list(entry.shape)} in {entry.file.url}, the model "
-                          f"{list(tensor.shape)}", "use the config.json saved with these weights")
-    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor.data
-    first_row = _first_row(tensor)
-    row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
-    nbytes = local.shape[0] * row_bytes if local.dim() else entry.dtype.itemsize
-    if nbytes:
-        data = entry.file.read_range(entry.start + first_row * row_bytes, nbytes)
-        part = torch.frombuffer(bytearray(data), dtype=entry.dtype).reshape(local.shape)
-        with torch.no_grad():
-            local.copy_(part)
-    return nbytes
 
 
 def _first_row(tensor: torch.Tensor) -> int:
