@@ -135,12 +135,22 @@ def test_pretrained_start_from_s3_under_fsdp_equals_from_pretrained_and_reads_on
     assert all(0 < b <= 0.6 * model_bytes for b in bytes_read), (bytes_read, model_bytes)
 
 
-def test_a_pretrained_directory_without_weights_is_refused_naming_the_setting(dataset_url, tmp_path):
+def test_a_pretrained_directory_without_weights_is_refused_before_training(dataset_url, tmp_path):
     save_tiny("llama", tmp_path / "model")
     (tmp_path / "model" / "model.safetensors").unlink()
-    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "p", model={"hf": {"pretrained": str(tmp_path / "model")}})
-    with pytest.raises(Exception, match=r"model.hf.pretrained.*no model.safetensors"):
-        run_on_process_group(pretrained_logits, (cfg.to_dict(), [[0, 1, 2]]), 1)
+    result = spotray_train(dataset_url, tmp_path, f"model.hf.pretrained={tmp_path / 'model'}", "train.seq_len=32")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("spotray: error")]
+    assert result.returncode == 2 and len(errors) == 1, result.stderr
+    assert "model.hf.pretrained" in errors[0] and "no model.safetensors" in errors[0]
+    assert not (tmp_path / "ckpt").exists()
+
+
+def spotray_train(dataset_url: str, tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    args = ["train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'ckpt'}"]
+    for override in overrides:
+        args += ["--set", override]
+    return subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.parametrize(("config", "expected"), [
@@ -149,12 +159,7 @@ def test_a_pretrained_directory_without_weights_is_refused_naming_the_setting(da
 ])
 def test_a_config_without_a_known_model_type_ends_in_one_line_naming_the_setting(config, expected, dataset_url,
                                                                                    tmp_path):
-    overrides = [f"model.hf.config.{key}={value}" for key, value in config.items()]
-    args = ["train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'ckpt'}"]
-    for override in overrides:
-        args += ["--set", override]
-    result = subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    result = spotray_train(dataset_url, tmp_path, *(f"model.hf.config.{key}={value}" for key, value in config.items()))
     errors = [line for line in result.stderr.splitlines() if line.startswith("spotray: error")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr
     assert "config 'model.hf.config'" in errors[0] and expected in errors[0]

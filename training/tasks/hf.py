@@ -10,7 +10,7 @@ from training.errors import ConfigError, StorageError
 from training.storage import resolve
 from training.tasks import ExportSpec
 from training.tasks.base import LanguageModelTask, attention_flops_per_token
-from training.tasks.pretrained import load_sharded
+from training.tasks.pretrained import check_directory, load_sharded
 
 
 class HFTask(LanguageModelTask):
@@ -20,6 +20,8 @@ class HFTask(LanguageModelTask):
         self.pretrained = hf.pretrained
         self.config = _auto_config(*_config_source(hf, cfg.storage.options()))
         self._check_fits_data()
+        if self.pretrained:
+            check_directory(resolve(self.pretrained, cfg.storage.options()), "model.hf.pretrained")
 
     def _check_fits_data(self) -> None:
         model_vocab, data_vocab = self.config.get_text_config().vocab_size, self.dataset.vocab_size

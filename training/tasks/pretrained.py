@@ -39,6 +39,12 @@ def load_sharded(model: torch.nn.Module, directory: Location, setting: str) -> i
     return read
 
 
+def check_directory(directory: Location, setting: str) -> None:
+    """Fail early (on the driver) on a directory without readable weights: only the headers are read."""
+    for reader in _open_files(directory, setting):
+        reader.close()
+
+
 def _local_parts(model: torch.nn.Module, readers: list[WeightsReader], directory: Location,
                  setting: str) -> list[tuple[torch.Tensor, WeightsReader, TensorEntry, int]]:
     """(tensor, file, entry in it, rows this rank holds) for every tensor to load."""
