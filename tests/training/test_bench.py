@@ -43,6 +43,7 @@ def test_throughput_bench():
     assert_ratios(result, "step_time_ratio")
 
 
+@pytest.mark.slow  # these three: 3 minutes on 2 cores; test_hf and test_export check the same paths in CI
 def test_throughput_bench_of_a_transformers_model():
     llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \
             '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256}'
@@ -50,12 +51,14 @@ def test_throughput_bench_of_a_transformers_model():
     assert_ratios(result, "step_time_ratio")
 
 
+@pytest.mark.slow
 def test_pretrained_bench_reads_about_half_the_model_on_each_of_2_ranks():
     result = bench("pretrained")
     assert all(0.4 < share <= 0.6 for share in result["bytes_read_per_rank_over_model"])
     assert_ratios(result, "from_pretrained_local_one_rank_s", "model_mb")
 
 
+@pytest.mark.slow
 def test_export_bench():
     result = bench("export")
     assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
