@@ -112,3 +112,24 @@ def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
     result = export(run_root(cfg).url, str(tmp_path / "out"))
     assert result["tokenizer"]
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
+
+
+def test_a_ddp_run_on_s3_exports_to_s3_with_the_trained_models_logits(dataset_url, s3_bucket, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from training.storage import resolve
+
+    bucket_url, options = s3_bucket
+    cfg = make_config(dataset_url, f"{bucket_url}/runs", "ddp", "parallel=ddp", "train.max_steps=4",
+                      "checkpoint.every_steps=4", f"storage.endpoint_url={options.endpoint_url}",
+                      model=MODELS["llama"])
+    train_locally(cfg)
+    result = export(run_root(cfg).url, f"{bucket_url}/exported", options=options)
+    assert result["files"] == ["model.safetensors"]
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes(resolve(f"{bucket_url}/exported/{name}", options).read_bytes())
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    task, model = trained_model(cfg)
+    inputs = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=inputs).logits, task.logits(model, inputs), rtol=0, atol=1e-5)
