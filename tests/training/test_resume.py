@@ -1,7 +1,7 @@
 """Exact resume, elastic resume and parallelism equivalence on 2 workers (CPU, gloo).
 
-DDP runs go through Ray Train, FSDP and single-worker runs through a bare process group: the loop is the same, and
-Ray's part (worker groups, restarts, storage) is covered once without paying for it in every run."""
+DDP runs go through Ray Train, FSDP, single-worker and elastic runs through a bare process group: the loop is the
+same, and Ray's part (worker groups, restarts, storage) is covered without paying for it in every run."""
 
 from __future__ import annotations
 
@@ -66,9 +66,9 @@ def test_elastic_resume_2_then_1_then_3_workers_consumes_every_sample_once(paral
     """For FSDP this reshards: 2 parameter shards are read back as 1, then as 3."""
     ckpt, audit = str(tmp_path / "ckpt"), str(tmp_path / "audit")
     for workers, steps in ((2, 20), (1, 30), (3, 40)):
-        summary = RUN[parallel](make_config(dataset_url, ckpt, "elastic", f"scaling.num_workers={workers}",
-                                         f"parallel={parallel}", f"train.stop_at_step={steps}",
-                                         f"audit_dir={audit}"))
+        summary = train_locally(make_config(dataset_url, ckpt, "elastic", f"scaling.num_workers={workers}",
+                                            f"parallel={parallel}", f"train.stop_at_step={steps}",
+                                            f"audit_dir={audit}"))
         assert summary["final_step"] == steps
     assert summary["audit"] == {"exactly_once": True, "samples": 40 * 12, "duplicates": 0, "missing_steps": []}
     # The same global batches in the same order: the loss curve is the uninterrupted one, so no spike.
