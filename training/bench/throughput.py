@@ -43,7 +43,8 @@ def _bare_step_s(cfg: config.TrainConfig) -> float:
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise SpotrayError(f"bare torchrun loop failed: {proc.stderr.strip().splitlines()[-1:]}")
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.splitlines()[-1:]
+        raise SpotrayError(f"bare torchrun loop failed (exit {proc.returncode}): {errors[-1:]}")
     return json.loads(lines[-1])["step_s"]
 
 
