@@ -15,13 +15,27 @@ from training.errors import SpotrayError
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
-    from training.data.prepare import prepare
+    import time
+
+    from training.data.executors import RayExecutor
+    from training.data.prepare import describe, prepare, verify
     from training.storage import StorageOptions
 
-    index = prepare(args.input, args.output, tokenizer=args.tokenizer, shard_tokens=args.shard_tokens,
-                    options=StorageOptions(endpoint_url=args.endpoint_url))
-    print(f"prepared {index['total_tokens']:,} tokens from {index['num_documents']:,} documents "
-          f"into {len(index['shards'])} shards at {args.output}")
+    options = StorageOptions(endpoint_url=args.endpoint_url)
+    if args.verify:
+        if args.input or args.output:
+            raise SpotrayError("prepare --verify URL checks a prepared dataset: give it without --input/--output")
+        result = verify(args.verify, options)
+        print(f"verified {result['shards']} shards ({result['tokens']:,} tokens, {result['bytes'] / 1e6:,.1f} MB) "
+              f"at {args.verify}: sizes and SHA-256s match the index")
+        return
+    if not args.input or not args.output:
+        raise SpotrayError("prepare needs --input (repeatable) and --output; or --verify URL to check a dataset")
+    started = time.monotonic()
+    index = prepare(args.input, args.output, options, RayExecutor(args.parallelism), tokenizer=args.tokenizer,
+                    format=args.format, text_field=args.text_field, min_chars=args.min_chars, dedup=args.dedup,
+                    skip_bad_lines=args.skip_bad_lines, shard_tokens=args.shard_tokens, chunk_mb=args.chunk_mb)
+    print(describe(index, time.monotonic() - started, args.output))
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
@@ -88,11 +102,24 @@ def _print_summary(summary: dict) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """The training half of the command line: what runs on a laptop or in the training image."""
-    p = sub.add_parser("prepare", help="tokenize text files into token shards + index.json")
-    p.add_argument("--input", required=True, help="file, directory or glob of text files")
-    p.add_argument("--output", required=True, help="local dir or s3://bucket/prefix")
+    p = sub.add_parser("prepare", help="tokenize text, JSONL or Parquet files (local or s3://) into token shards, "
+                       "in parallel on Ray; or --verify a prepared dataset")
+    p.add_argument("--input", action="append", metavar="URL",
+                   help="file, directory, glob ('data/**/*.jsonl.gz') or s3:// prefix or glob; repeatable")
+    p.add_argument("--output", metavar="URL", help="local dir or s3://bucket/prefix")
+    p.add_argument("--verify", metavar="URL", help="check every shard of the dataset at URL against its index")
     p.add_argument("--tokenizer", default="bytes",
                    help="'bytes' (default), a HF tokenizer.json or a model directory holding one (local or s3://)")
+    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet"],
+                   help="auto (default): by extension (.jsonl/.ndjson/.json, .parquet, else text; .gz/.zst allowed)")
+    p.add_argument("--text-field", default="text", help="the JSONL field or Parquet column holding the text")
+    p.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this (default 1)")
+    p.add_argument("--no-dedup", dest="dedup", action="store_false",
+                   help="keep exact duplicates (default: drop repeats of a document's whitespace-normalised text)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="count and skip JSONL lines that are not JSON objects with the text field, instead of stopping")
+    p.add_argument("--parallelism", type=int, default=None, help="tasks at a time (default: the Ray cluster's CPUs)")
+    p.add_argument("--chunk-mb", type=float, default=64.0, help="input per task, in MiB (default 64)")
     p.add_argument("--shard-tokens", type=int, default=1 << 20)
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_prepare)
@@ -127,7 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
-    p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export"])
+    p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
@@ -140,6 +167,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=2, help="throughput, recovery benches: runs per side, interleaved")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
+    p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
     p.set_defaults(func=_cmd_bench)
 
 

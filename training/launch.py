@@ -20,6 +20,7 @@ from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from training.errors import TrainingFailed
 from training.loop import WorkerEnv, run_root, train, units_per_step
 from training.progress import ProgressMonitor
+from training.ray_local import start_local_ray
 from training.runtime_env import worker_runtime_env
 from training.storage import Location, resolve
 from training.tasks import Task, load_task
@@ -173,13 +174,6 @@ def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
         ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
         return
     start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
-
-
-def start_local_ray(num_cpus: int, **kwargs) -> None:
-    """A new single-node Ray on this machine, reachable on loopback only.
-
-    ``address="local"``: never attach to whatever cluster ``ray start`` last recorded on this machine."""
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
 
 
 def root_cause(exc: BaseException) -> str:

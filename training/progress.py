@@ -12,7 +12,7 @@ from training.errors import SpotrayError
 from training.storage import Location
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -28,7 +28,7 @@ def progress_line(status: dict, tokens_per_step: int) -> str:
     if status.get("goodput") is not None:
         parts.append(f"goodput {100 * status['goodput']:.0f}%")
     if tokens_per_s and step < total:
-        parts.append(f"ETA {_clock((total - step) * tokens_per_step / tokens_per_s)}")
+        parts.append(f"ETA {clock((total - step) * tokens_per_step / tokens_per_s)}")
     return " | ".join(parts)
 
 

@@ -101,6 +101,7 @@ def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster
     assert "PREEMPTION NOTICE at step" in driver_log and "RESUMED from step" in driver_log, driver_log[-3000:]
 
 
+@pytest.mark.slow  # the unit test of the same path, test_checkpoint's outage test, runs in make test
 def test_storage_outage_during_saves_training_continues_and_no_partial_checkpoint_is_adopted(
         cluster, dataset_url, tmp_path, s3_server):
     bucket, steps = create_bucket(s3_server), 600  # long enough to still be training when the outage ends

@@ -74,3 +74,18 @@ def test_recovery_bench_on_local_storage():
         assert drill["resumed_from"] >= 100 and drill["resumed_from"] % 100 == 0  # from a checkpoint
         assert_ratios(drill, "recovery_s", "ray_s", "worker_s")
     assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
+
+
+@pytest.mark.slow  # a minute on 2 cores: Ray, moto and Hugging Face datasets on 8 MB
+def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
+    proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--json"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    cases = {(c["format"], c["storage"], c["tokenizer"]): c for c in result["cases"]}
+    assert set(cases) == {("jsonl", "local", "bytes"), ("jsonl", "s3", "bytes"), ("parquet", "local", "bytes"),
+                          ("parquet", "s3", "bytes"), ("jsonl", "local", "hf-bpe")}
+    for case in cases.values():
+        assert_ratios(case, "scaling", "peak_task_rss_mb")
+        assert case["tokens"] == result["datasets_baseline"][case["tokenizer"]]["tokens"]
+    assert_ratios(result["spotray_over_datasets"], "bytes", "hf-bpe")

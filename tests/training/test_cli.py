@@ -132,3 +132,24 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     commands = [p.read_text() for p in Path(image_env["SPOTRAY_TEST_IMPORT_LOG"]).iterdir()]
     assert any(c.split()[1:2] == ["train"] for c in commands), commands
     assert any("default_worker.py" in c for c in commands), "Ray's workers must have run without the extra too"
+
+
+def test_prepare_on_ray_prints_its_summary_and_verify_names_a_damaged_shard(spotray, image_env, tmp_path):
+    lines = [json.dumps({"body": f"document {i} " + "spot ray " * (i % 17)}) for i in range(400)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "data"
+    proc = spotray("prepare", "--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--text-field", "body",
+                   "--chunk-mb", "0.01", "--parallelism", "2", "--shard-tokens", "4096")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    index = json.loads((out / "index.json").read_text())
+    assert index["num_documents"] == 400 and len({s["name"].split("/")[1] for s in index["shards"]}) > 2
+    assert (f"prepared {index['total_tokens']:,} tokens from 400 documents into {len(index['shards'])} shards at "
+            f"{out}: 0.0 MB in") in proc.stdout
+    commands = [p.read_text() for p in Path(image_env["SPOTRAY_TEST_IMPORT_LOG"]).iterdir()]
+    assert any("default_worker.py" in c for c in commands), "the chunks ran as Ray tasks, without the infra extra"
+
+    assert spotray("prepare", "--verify", str(out)).returncode == 0
+    shard = out / index["shards"][-1]["name"]
+    shard.write_bytes(shard.read_bytes()[:-2])
+    assert_one_line_error(spotray("prepare", "--verify", str(out)), "1 of", index["shards"][-1]["name"],
+                          "the index says")

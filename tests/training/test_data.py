@@ -16,6 +16,7 @@ from training.errors import DataError
 from training.storage import resolve
 
 EOT = 256
+SHARD0, SHARD1 = "chunks/c000000/shard-00000.bin", "chunks/c000000/shard-00001.bin"
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -93,7 +94,7 @@ def test_shards_are_fixed_size_with_a_shorter_last_one_and_index_is_correct(tmp_
     assert (index["shard_tokens"], index["total_tokens"], index["num_documents"]) == (10, len(stream), 3)
     sizes = [s["tokens"] for s in index["shards"]]
     assert sizes == [10] * (len(stream) // 10) + [len(stream) % 10]
-    assert [s["name"] for s in index["shards"]] == [f"shard-{k:05d}.bin" for k in range(len(sizes))]
+    assert [s["name"] for s in index["shards"]] == [f"chunks/c000000/shard-{k:05d}.bin" for k in range(len(sizes))]
     on_disk = []
     for shard in index["shards"]:
         data = (tmp_path / "out" / shard["name"]).read_bytes()
@@ -107,7 +108,7 @@ def test_recursive_glob_picks_matching_files_in_sorted_order(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", {"z.txt": "zz", "x/y.txt": "yy", "x/skip.md": "no", "a.txt": "aa"})
     index = prepare(str(corpus / "**" / "*.txt"), str(tmp_path / "out"))
     assert index["num_documents"] == 3
-    data = np.fromfile(tmp_path / "out" / "shard-00000.bin", dtype="<u2").tolist()
+    data = np.fromfile(tmp_path / "out" / SHARD0, dtype="<u2").tolist()
     assert data == byte_stream("aa", "yy", "zz")
 
 
@@ -153,7 +154,7 @@ def test_uint32_is_used_when_the_vocab_does_not_fit_in_uint16(tmp_path):
     # No end-of-text token in this vocab, so one is appended after it.
     assert (index["dtype"], index["vocab_size"], index["eot_token"]) == ("uint32", 70_001, 70_000)
     stream = [69999, 1, 65537, 2, 70_000]
-    assert np.fromfile(tmp_path / "out" / "shard-00000.bin", dtype="<u4").tolist() == stream
+    assert np.fromfile(tmp_path / "out" / SHARD0, dtype="<u4").tolist() == stream
     assert TokenDataset.open(str(tmp_path / "out"), seq_len=4).sample(0).tolist() == stream
 
 
@@ -177,14 +178,14 @@ def test_open_reads_only_the_index_and_bad_shards_fail_when_read(tmp_path, out):
     corpus = write_corpus(tmp_path / "corpus", {"a.txt": "x" * 40})
     prepare(str(corpus), url, shard_tokens=10, options=options)
     root = resolve(url, options)
-    root.child("shard-00000.bin").write_bytes(b"\0" * 6)
-    root.child("shard-00001.bin").delete_file()
+    root.child(SHARD0).write_bytes(b"\0" * 6)
+    root.child(SHARD1).delete_file()
 
     ds = TokenDataset.open(url, seq_len=3, options=options)
     assert ds.num_samples == 4 * 3 + 0  # shards of 10,10,10,10 tokens and a last one of 1 (the EOT)
-    with pytest.raises(DataError, match="shard shard-00000.bin has 6 bytes, index says 20: re-run prepare"):
+    with pytest.raises(DataError, match=f"shard {SHARD0} has 6 bytes, index says 20: re-run prepare"):
         ds.sample(0)
-    with pytest.raises(DataError, match="shard-00001.bin is missing"):
+    with pytest.raises(DataError, match=f"{SHARD1} is missing"):
         ds.sample(3)
     assert ds.sample(6).tolist() == [ord("x")] * 4
 
@@ -269,16 +270,17 @@ def test_unreadable_index_json(tmp_path):
         TokenDataset.open(str(tmp_path / "out"), seq_len=2)
 
 
-def test_empty_corpus_is_refused_and_writes_nothing(tmp_path):
+def test_empty_corpus_is_refused_and_writes_no_dataset(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", {"a.txt": "", "b/c.txt": ""})
     with pytest.raises(DataError, match=re.escape(f"empty corpus: {corpus} contains no text")):
         prepare(str(corpus), str(tmp_path / "out"))
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out" / "index.json").exists()
+    assert not list((tmp_path / "out").rglob("shard-*"))
 
 
 def test_no_matching_files_names_the_pattern(tmp_path):
     pattern = str(tmp_path / "nothing" / "*.txt")
-    with pytest.raises(DataError, match=re.escape(f"no input files matched '{pattern}'")):
+    with pytest.raises(DataError, match=re.escape(f"--input '{pattern}' matched no files")):
         prepare(pattern, str(tmp_path / "out"))
 
 
@@ -286,8 +288,9 @@ def test_refuses_to_overwrite_a_prepared_dataset(tmp_path, out):
     url, options = out
     prepare(str(write_corpus(tmp_path / "one", {"a.txt": "first corpus"})), url, options=options)
     root = resolve(url, options)
-    before = {name: root.child(name).read_bytes() for name in root.list_names()}
+    names = ["index.json"] + [s["name"] for s in json.loads(root.child("index.json").read_bytes())["shards"]]
+    before = {name: root.child(name).read_bytes() for name in names}
 
     with pytest.raises(DataError, match="already exists: refusing to overwrite.*choose another --output or delete it"):
         prepare(str(write_corpus(tmp_path / "two", {"a.txt": "second corpus!"})), url, options=options)
-    assert {name: root.child(name).read_bytes() for name in root.list_names()} == before
+    assert {name: root.child(name).read_bytes() for name in names} == before

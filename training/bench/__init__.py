@@ -21,6 +21,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from training.bench.pretrained import run
 
         return run(preset=args.preset, s3_endpoint=args.s3_endpoint)
+    if which == "prepare":
+        from training.bench.prepare import run
+
+        return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint)
     if which == "export":
         from training.bench.export import run
 

@@ -24,8 +24,9 @@ from training.bench.common import bench_corpus, machine, new_workdir, read_resul
 from training.checkpoint import Checkpointer
 from training.drills.s3local import create_bucket, moto_server
 from training.errors import SpotrayError
-from training.launch import root_cause, start_local_ray
+from training.launch import root_cause
 from training.loop import WorkerEnv, build_parts, run_root
+from training.ray_local import start_local_ray
 from training.storage import resolve
 
 _CHUNK = 8 << 20

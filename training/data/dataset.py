@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from training.data.prepare import DTYPES, FORMAT, INDEX_NAME, VERSION
+from training.data.index import DTYPES, read_index
 from training.errors import DataError
 from training.storage import Location, StorageOptions, resolve
 
@@ -46,14 +45,7 @@ class TokenDataset:
         """Read and validate ``index.json`` only; shards are touched when samples are read."""
         if seq_len < 1:
             raise DataError(f"seq_len must be at least 1, got {seq_len}")
-        index_loc = resolve(url, options).child(INDEX_NAME)
-        if not index_loc.exists():
-            raise DataError(f"no index.json at {url}: run `spotray prepare --input ... --output {url}` first")
-        try:
-            index = json.loads(index_loc.read_bytes())
-        except ValueError as exc:
-            raise DataError(f"{index_loc.url} is not valid JSON ({exc}): re-run prepare") from None
-        _validate_index(index, index_loc.url)
+        index = read_index(resolve(url, options))
         return cls(url, seq_len, index, options)
 
     @property
@@ -144,50 +136,3 @@ class TokenDataset:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-
-
-def _validate_index(index: object, where: str) -> None:
-    def bad(field: str, problem: str) -> DataError:
-        return DataError(f"{where}: field '{field}' {problem}: re-run prepare")
-
-    if not isinstance(index, dict):
-        raise DataError(f"{where}: expected a JSON object: re-run prepare")
-    if index.get("format") != FORMAT:
-        raise bad("format", f"is {index.get('format')!r}, expected {FORMAT!r}")
-    if index.get("version") != VERSION:
-        raise bad("version", f"is {index.get('version')!r}; this version of spotray reads only version {VERSION}")
-    dtype = index.get("dtype")
-    if dtype not in DTYPES:
-        raise bad("dtype", f"is {dtype!r}, expected one of {sorted(DTYPES)}")
-    for field in ("vocab_size", "eot_token", "total_tokens"):
-        value = index.get(field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise bad(field, f"must be a non-negative integer, got {value!r}")
-    if index["vocab_size"] > 1 << (8 * DTYPES[dtype].itemsize):
-        raise bad("dtype", f"{dtype} cannot hold vocab_size {index['vocab_size']}")
-    if index["eot_token"] >= index["vocab_size"]:
-        raise bad("eot_token", f"{index['eot_token']} is outside vocab_size {index['vocab_size']}")
-    if not isinstance(index.get("tokenizer"), str):
-        raise bad("tokenizer", "must be a string")
-    tokenizer_file = index.get("tokenizer_file")
-    if tokenizer_file is not None and not (isinstance(tokenizer_file, str) and _plain_name(tokenizer_file)):
-        raise bad("tokenizer_file", f"must be a plain file name or null, got {tokenizer_file!r}")
-    shards = index.get("shards")
-    if not isinstance(shards, list) or not all(_valid_shard(s) for s in shards):
-        raise bad("shards", "must be a list of {name, tokens, sha256} entries with plain file names")
-    if sum(s["tokens"] for s in shards) != index["total_tokens"]:
-        raise bad("shards", f"token counts do not add up to total_tokens {index['total_tokens']}")
-
-
-def _valid_shard(shard: object) -> bool:
-    return (
-        isinstance(shard, dict)
-        and isinstance(shard.get("name"), str)
-        and _plain_name(shard["name"])
-        and isinstance(shard.get("tokens"), int)
-        and shard["tokens"] >= 0
-    )
-
-
-def _plain_name(name: str) -> bool:
-    return name not in ("", ".", "..") and "/" not in name

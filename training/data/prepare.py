@@ -1,130 +1,228 @@
-"""Turn text files into fixed-size binary token shards plus an ``index.json``."""
+"""``spotray prepare``: corpora of text, JSON Lines or Parquet files (local or s3://) into token shards and an
+``index.json``, and ``--verify`` of a prepared dataset.
+
+The inputs are planned into chunks (``sources``); each chunk is one task (``chunks``) that writes its own shards
+and manifest, on Ray or in this process (``executors``); with dedup, chunks that repeat an earlier chunk's
+documents are rewritten without them; then the index lists every shard in input order and is written last. The
+output depends only on the inputs and settings, never on the parallelism or the order tasks finish in.
+"""
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from training.data.chunks import (
+    ChunkJob,
+    ChunkSettings,
+    CompactJob,
+    compact_chunk,
+    finished_manifest,
+    read_docs,
+    tokenize_chunk,
+)
+from training.data.executors import InlineExecutor
+from training.data.index import DTYPES, FORMAT, INDEX_NAME, TOKENIZER_NAME, VERSION, dtype_for_vocab, read_index
+from training.data.progress import PrepareProgress
+from training.data.sources import FORMATS, list_inputs, plan_chunks
 from training.data.tokenizer import load_tokenizer
-from training.errors import DataError
+from training.errors import DataError, StorageError
 from training.storage import Location, StorageOptions, resolve
 
-FORMAT = "spotray-tokens"
-VERSION = 1
-INDEX_NAME = "index.json"
-TOKENIZER_NAME = "tokenizer.json"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+IO_THREADS = 16
+VERIFY_BLOCK = 8 << 20
 
 
-def shard_name(k: int) -> str:
-    return f"shard-{k:05d}.bin"
+@dataclass(frozen=True)
+class PrepareSettings:
+    tokenizer: str = "bytes"
+    format: str = "auto"
+    text_field: str = "text"
+    min_chars: int = 1
+    dedup: bool = True
+    skip_bad_lines: bool = False
+    shard_tokens: int = 1 << 20
+    chunk_mb: float = 64.0
 
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise DataError(f"--format '{self.format}' is not one of {', '.join(FORMATS)}")
+        if not self.text_field:
+            raise DataError("--text-field is empty: name the field (JSONL) or column (Parquet) holding the text")
+        if self.min_chars < 0:
+            raise DataError(f"--min-chars must be 0 or more, got {self.min_chars}")
+        if self.shard_tokens < 1:
+            raise DataError(f"shard_tokens must be at least 1, got {self.shard_tokens}")
+        if not self.chunk_mb > 0:
+            raise DataError(f"--chunk-mb must be more than 0, got {self.chunk_mb}")
 
-def dtype_for_vocab(vocab_size: int) -> str:
-    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+    @property
+    def chunk_bytes(self) -> int:
+        return max(1, int(self.chunk_mb * (1 << 20)))
 
 
 def prepare(
-    inputs: str,
+    inputs: str | Sequence[str],
     output_url: str,
-    tokenizer: str = "bytes",
-    shard_tokens: int = 1 << 20,
     options: StorageOptions | None = None,
+    executor=None,
+    progress_stream=None,
+    **settings,
 ) -> dict:
-    """Tokenize ``inputs`` (a file, directory or glob) into shards at ``output_url``; returns the index."""
-    if shard_tokens < 1:
-        raise DataError(f"shard_tokens must be at least 1, got {shard_tokens}")
+    """Tokenize ``inputs`` (files, directories, globs, s3:// prefixes) into shards at ``output_url``; returns the
+    index. ``settings`` are ``PrepareSettings`` fields; ``executor`` defaults to this process, one chunk at a time."""
+    settings = PrepareSettings(**settings)
+    patterns = [inputs] if isinstance(inputs, str) else list(inputs)
     out = resolve(output_url, options)
-    index_loc = out.child(INDEX_NAME)
-    if index_loc.exists():
+    if out.child(INDEX_NAME).exists():
         raise DataError(
-            f"{index_loc.url} already exists: refusing to overwrite a prepared dataset; "
+            f"{out.child(INDEX_NAME).url} already exists: refusing to overwrite a prepared dataset; "
             "choose another --output or delete it first"
         )
-    files = _input_files(inputs)
-    tok = load_tokenizer(tokenizer, options)
-    dtype_name = dtype_for_vocab(tok.vocab_size)
-    writer = _ShardWriter(out, shard_tokens, DTYPES[dtype_name])
-    num_documents = 0
-    for text in _documents(files):
-        writer.add(tok.encode(text))
-        writer.add(np.array([tok.eot_token]))
-        num_documents += 1
-    if num_documents == 0:
-        raise DataError(f"empty corpus: {inputs} contains no text; point --input at non-empty text files")
-    writer.flush()
-    if tok.file is not None:
-        out.child(TOKENIZER_NAME).write_bytes(tok.file)
-    index = {
-        "format": FORMAT,
-        "version": VERSION,
-        "dtype": dtype_name,
-        "tokenizer": tok.tokenizer_id,
-        "vocab_size": tok.vocab_size,
-        "eot_token": tok.eot_token,
-        "shard_tokens": shard_tokens,
-        "total_tokens": writer.total_tokens,
-        "num_documents": num_documents,
-        "tokenizer_file": TOKENIZER_NAME if tok.file is not None else None,
-        "shards": writer.shards,
-    }
+    files = [f for f in list_inputs(patterns, settings.format, options) if not f.url.startswith(f"{out.url}/")]
+    if not files:
+        raise DataError(f"every file --input names is inside --output {out.url}: point --input at the corpus")
+    tokenizer = load_tokenizer(settings.tokenizer, options)
+    chunk_settings = ChunkSettings(settings.text_field, settings.min_chars, settings.dedup, settings.skip_bad_lines,
+                                   settings.shard_tokens, dtype_for_vocab(tokenizer.vocab_size),
+                                   tokenizer.tokenizer_id)
+    jobs = [ChunkJob(k, tuple(pieces), chunk_settings, out.url, options)
+            for k, pieces in enumerate(plan_chunks(files, settings.chunk_bytes, options))]
+    executor = executor or InlineExecutor()
+    progress = PrepareProgress(sum(f.size for f in files), progress_stream)
+    try:
+        manifests = _run(tokenize_chunk, jobs, tokenizer, out, executor, progress)
+    finally:
+        progress.close()
+    superseded = [m["docs"] for m in manifests.values() if m["docs"]]
+    if settings.dedup:
+        compacted = _drop_repeats(jobs, manifests, out, executor)
+        superseded += [s["name"] for number in compacted for s in manifests[number]["shards"]]
+        manifests |= compacted
+    index = _index(settings, patterns, tokenizer, [manifests[job.number] for job in jobs])
+    if index["num_documents"] == 0:
+        raise DataError(f"empty corpus: {', '.join(patterns)} contains no text ({_removed_text(index['removed'])}); "
+                        "point --input at files with text")
+    if tokenizer.file is not None:
+        out.child(TOKENIZER_NAME).write_bytes(tokenizer.file)
     # Written last: a dataset is readable only once every shard it lists is in place.
-    index_loc.write_text(json.dumps(index, indent=2) + "\n")
+    out.child(INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    with ThreadPoolExecutor(IO_THREADS) as pool:  # the dedup hash lists, and the shards that dedup rewrote
+        list(pool.map(lambda name: out.child(name).delete_file(), superseded))
     return index
 
 
-def _input_files(inputs: str) -> list[str]:
-    pattern = os.path.expanduser(inputs)
-    if os.path.isfile(pattern):
-        return [pattern]
-    if os.path.isdir(pattern):
-        pattern = os.path.join(pattern, "**", "*")
-    files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    if not files:
-        raise DataError(
-            f"no input files matched '{inputs}': give a text file, a directory or a glob like 'data/**/*.txt'"
-        )
-    return files
+def _run(fn: Callable, jobs: list, tokenizer, out: Location, executor, progress: PrepareProgress | None) -> dict:
+    """Run the jobs that an earlier run has not finished; the manifests of all jobs, by chunk number."""
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        found = list(pool.map(lambda job: finished_manifest(job, out), jobs))
+    manifests = {job.number: m for job, m in zip(jobs, found, strict=True) if m is not None}
+    todo = [job for job in jobs if job.number not in manifests]
+    if progress is not None:
+        for m in manifests.values():
+            progress.chunk_done(m["documents"], m["tokens"], m["bytes_in"])
+        if manifests:
+            progress.stream.write(f"prepare: {len(manifests)} of {len(jobs)} chunks were done by an earlier run; "
+                                  f"doing the other {len(todo)}\n")
+
+    def on_done(job, manifest: dict) -> None:
+        manifests[job.number] = manifest
+        if progress is not None:
+            progress.chunk_done(manifest["documents"], manifest["tokens"], manifest["bytes_in"])
+
+    executor.run(fn, todo, tokenizer, on_done, progress.update if progress is not None else _ignore)
+    return manifests
 
 
-def _documents(files: list[str]) -> Iterator[str]:
-    """One document per non-empty file, read one at a time."""
-    for path in files:
-        text = resolve(path).read_bytes().decode("utf-8", errors="replace")
-        if text:
-            yield text
+def _ignore(*_counts: int) -> None:
+    pass
 
 
-class _ShardWriter:
-    """Buffers at most one shard of tokens and writes each full shard as soon as it fills."""
+def _drop_repeats(jobs: list[ChunkJob], manifests: dict, out: Location, executor) -> dict:
+    """Rewrite each chunk holding documents an earlier chunk holds (same normalised text) without them; the new
+    manifests by chunk number."""
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        docs = list(pool.map(lambda job: read_docs(out, manifests[job.number]), jobs))
+    offsets = np.cumsum([0] + [len(d) for d in docs])
+    hi = np.concatenate([d["hi"] for d in docs])
+    lo = np.concatenate([d["lo"] for d in docs])
+    order = np.lexsort((lo, hi))  # stable: among equal hashes, the earliest document comes first
+    same = (hi[order][1:] == hi[order][:-1]) & (lo[order][1:] == lo[order][:-1])
+    repeats = np.sort(order[1:][same])
+    chunk_of = np.searchsorted(offsets, repeats, side="right") - 1
+    compactions = [
+        CompactJob(jobs[k], manifests[jobs[k].number], tuple((repeats[chunk_of == k] - offsets[k]).tolist()))
+        for k in np.unique(chunk_of)
+    ]
+    return _run(compact_chunk, compactions, None, out, executor, None)
 
-    def __init__(self, out: Location, shard_tokens: int, dtype: np.dtype):
-        self.out = out
-        self.buffer = np.empty(shard_tokens, dtype=dtype)
-        self.filled = 0
-        self.total_tokens = 0
-        self.shards: list[dict] = []
 
-    def add(self, tokens: np.ndarray) -> None:
-        while len(tokens):
-            n = min(len(tokens), len(self.buffer) - self.filled)
-            self.buffer[self.filled : self.filled + n] = tokens[:n]
-            self.filled += n
-            tokens = tokens[n:]
-            if self.filled == len(self.buffer):
-                self.flush()
+def _index(settings: PrepareSettings, patterns: list[str], tokenizer, manifests: list[dict]) -> dict:
+    shards = [s for m in manifests for s in m["shards"]]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": dtype_for_vocab(tokenizer.vocab_size),
+        "tokenizer": tokenizer.tokenizer_id,
+        "vocab_size": tokenizer.vocab_size,
+        "eot_token": tokenizer.eot_token,
+        "shard_tokens": settings.shard_tokens,
+        "total_tokens": sum(s["tokens"] for s in shards),
+        "num_documents": sum(m["documents"] for m in manifests),
+        "removed": {k: sum(m["removed"][k] for m in manifests) for k in ("short", "duplicates", "bad_lines")},
+        "bytes_in": sum(m["bytes_in"] for m in manifests),
+        "tokenizer_file": TOKENIZER_NAME if tokenizer.file is not None else None,
+        "source": {"inputs": patterns, **{k: v for k, v in asdict(settings).items() if k != "tokenizer"}},
+        "shards": shards,
+    }
 
-    def flush(self) -> None:
-        if not self.filled:
-            return
-        data = self.buffer[: self.filled].tobytes()
-        name = shard_name(len(self.shards))
-        self.out.child(name).write_bytes(data)
-        self.shards.append({"name": name, "tokens": self.filled, "sha256": hashlib.sha256(data).hexdigest()})
-        self.total_tokens += self.filled
-        self.filled = 0
+
+def _removed_text(removed: dict) -> str:
+    return (f"{removed['short']} documents shorter than --min-chars, {removed['duplicates']} duplicates, "
+            f"{removed['bad_lines']} bad lines skipped")
+
+
+def verify(url: str, options: StorageOptions | None = None) -> dict:
+    """Re-read every shard the index lists and check its size and SHA-256; names every damaged one."""
+    root = resolve(url, options)
+    index = read_index(root)
+    itemsize = DTYPES[index["dtype"]].itemsize
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        problems = [p for p in pool.map(lambda s: _shard_problem(root, s, itemsize), index["shards"]) if p]
+    if problems:
+        shown = ", ".join(problems[:10]) + (f" and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise DataError(f"{root.url}: {len(problems)} of {len(index['shards'])} shards are damaged: {shown}; "
+                        "prepare the data again into a new --output")
+    return {"shards": len(index["shards"]), "tokens": index["total_tokens"], "bytes": index["total_tokens"] * itemsize}
+
+
+def _shard_problem(root: Location, shard: dict, itemsize: int) -> str | None:
+    loc = root.child(shard["name"])
+    expected = shard["tokens"] * itemsize
+    digest, size = hashlib.sha256(), 0
+    try:
+        with loc.open_input() as f:
+            while block := f.read(VERIFY_BLOCK):
+                digest.update(block)
+                size += len(block)
+    except StorageError:
+        return f"{shard['name']} (missing)"
+    if size != expected:
+        return f"{shard['name']} (has {size} bytes, the index says {expected})"
+    if digest.hexdigest() != shard["sha256"]:
+        return f"{shard['name']} (SHA-256 differs from the index: corrupted)"
+    return None
+
+
+def describe(index: dict, wall_s: float, out_url: str) -> str:
+    """The summary line of a finished prepare."""
+    bytes_out = index["total_tokens"] * DTYPES[index["dtype"]].itemsize
+    return (f"prepared {index['total_tokens']:,} tokens from {index['num_documents']:,} documents into "
+            f"{len(index['shards'])} shards at {out_url}: {index['bytes_in'] / 1e6:,.1f} MB in, "
+            f"{bytes_out / 1e6:,.1f} MB out, {wall_s:.1f} s; removed {_removed_text(index['removed'])}")
+

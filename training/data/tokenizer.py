@@ -22,7 +22,9 @@ class Tokenizer:
     tokenizer_id: str
     file: bytes | None = None
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The documents' tokens, each followed by ``eot_token``, as one int64 array; and each document's length
+        (its end-of-text included)."""
         raise NotImplementedError
 
 
@@ -33,8 +35,11 @@ class ByteTokenizer(Tokenizer):
     eot_token = 256
     tokenizer_id = BYTES
 
-    def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [text.encode("utf-8") for text in texts]
+        lengths = np.fromiter((len(b) + 1 for b in encoded), dtype=np.int64, count=len(encoded))
+        joined = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.int64)
+        return np.insert(joined, np.cumsum(lengths - 1), self.eot_token), lengths
 
 
 class HFTokenizer(Tokenizer):
@@ -56,8 +61,14 @@ class HFTokenizer(Tokenizer):
         self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
         self.file = data
 
-    def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat: list[int] = []
+        lengths = np.empty(len(texts), dtype=np.int64)
+        for k, encoding in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
+            flat.extend(encoding.ids)
+            flat.append(self.eot_token)
+            lengths[k] = len(encoding.ids) + 1
+        return np.array(flat, dtype=np.int64), lengths
 
 
 def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> Tokenizer:

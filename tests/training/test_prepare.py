@@ -1,0 +1,262 @@
+"""``prepare`` at corpus scale: formats, chunking, dedup, resume, Ray, verify and bad input."""
+
+import gzip
+import hashlib
+import io
+import json
+import random
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from training.data.executors import InlineExecutor, RayExecutor
+from training.data.prepare import prepare, verify
+from training.errors import DataError, StorageError
+from training.storage import resolve
+
+EOT = 256
+
+
+def documents(n: int = 60, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = "spot ray shard token ünïcode ✓ preempt drain resume".split()
+    return [f"{seed}.{i} " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) for i in range(n)]
+
+
+def write_jsonl(path, docs, field="text", opener=open):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, doc in enumerate(docs):
+            f.write(json.dumps({"id": i, field: doc}) + "\n")
+    return path
+
+
+def write_parquet(path, docs, row_group_size=7):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), path, row_group_size=row_group_size,
+                   compression="zstd")
+    return path
+
+
+def token_stream(url, options=None) -> list[int]:
+    root = resolve(url, options)
+    index = json.loads(root.child("index.json").read_bytes())
+    return [t for s in index["shards"] for t in np.frombuffer(root.child(s["name"]).read_bytes(), "<u2").tolist()]
+
+
+def byte_stream(docs) -> list[int]:
+    return [t for d in docs for t in [*d.encode("utf-8"), EOT]]
+
+
+def dataset_digests(url, options=None) -> dict[str, str]:
+    """SHA-256 of index.json and of every shard it lists."""
+    root = resolve(url, options)
+    index = json.loads(root.child("index.json").read_bytes())
+    names = ["index.json"] + [s["name"] for s in index["shards"]]
+    return {name: hashlib.sha256(root.child(name).read_bytes()).hexdigest() for name in names}
+
+
+class CountingExecutor(InlineExecutor):
+    """Runs in process; counts the jobs it ran and can stop (as a kill would) after ``stop_after`` of them."""
+
+    def __init__(self, stop_after: int | None = None):
+        self.ran, self.stop_after = [], stop_after
+
+    def run(self, fn, jobs, shared, on_done, on_progress):
+        for job in jobs:
+            if self.stop_after is not None and len(self.ran) == self.stop_after:
+                raise KeyboardInterrupt
+            self.ran.append(job.number)
+            on_done(job, fn(job, shared, on_progress))
+
+
+def test_text_jsonl_gzip_zstd_and_parquet_give_the_same_tokens(tmp_path):
+    docs = documents()
+    for i, doc in enumerate(docs):
+        (tmp_path / "text" / f"{i:03d}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "text" / f"{i:03d}.txt").write_text(doc, encoding="utf-8")
+    write_jsonl(tmp_path / "plain.jsonl", docs)
+    write_jsonl(tmp_path / "gz.jsonl.gz", docs, opener=gzip.open)
+    with pa.CompressedOutputStream(str(tmp_path / "zst.jsonl.zst"), "zstd") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+    write_parquet(tmp_path / "docs.parquet", docs)
+
+    want = byte_stream(docs)
+    for name in ("text", "plain.jsonl", "gz.jsonl.gz", "zst.jsonl.zst", "docs.parquet"):
+        index = prepare(str(tmp_path / name), str(tmp_path / f"out-{name}"), dedup=False)
+        assert token_stream(str(tmp_path / f"out-{name}")) == want, name
+        assert index["num_documents"] == len(docs)
+
+
+@pytest.mark.parametrize("chunk_mb", [1e-3, 3e-3, 64])
+def test_chunk_size_changes_only_where_shards_end(tmp_path, chunk_mb):
+    """Byte ranges of one JSONL file and runs of Parquet row groups: every line once, in order, whatever the cut."""
+    docs = documents(200)
+    write_jsonl(tmp_path / "in" / "a.jsonl", docs[:120])
+    write_parquet(tmp_path / "in" / "b.parquet", docs[120:], row_group_size=9)
+    index = prepare(str(tmp_path / "in"), str(tmp_path / "out"), chunk_mb=chunk_mb, dedup=False)
+    assert token_stream(str(tmp_path / "out")) == byte_stream(docs)
+    chunks = {s["name"].split("/")[1] for s in index["shards"]}
+    assert len(chunks) > 5 if chunk_mb < 1 else len(chunks) == 1
+
+
+def test_s3_prefix_and_glob_inputs(tmp_path, s3_bucket):
+    bucket_url, options = s3_bucket
+    docs = documents(40)
+    root = resolve(bucket_url, options)
+    local = write_jsonl(tmp_path / "a.jsonl", docs[:30])
+    root.child("raw/a.jsonl").put_file(str(local))
+    root.child("raw/deeper/b.txt").write_text(docs[30])
+    root.child("raw/_SUCCESS").write_bytes(b"")
+    root.child("raw/deeper/c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[31:]))
+
+    prepare(f"{bucket_url}/raw", f"{bucket_url}/all", options, chunk_mb=5e-4, dedup=False)
+    assert token_stream(f"{bucket_url}/all", options) == byte_stream(docs)
+    prepare(f"{bucket_url}/raw/**/*.jsonl", f"{bucket_url}/jsonl", options, dedup=False)
+    assert token_stream(f"{bucket_url}/jsonl", options) == byte_stream(docs[:30] + docs[31:])
+
+
+def test_exact_duplicates_are_dropped_first_occurrence_kept_whatever_the_chunking(tmp_path):
+    docs = documents(50)
+    repeated = docs + [docs[3], "  " + docs[10].replace(" ", "\n  ") + " ", docs[49]] + documents(10, seed=1)
+    write_jsonl(tmp_path / "in.jsonl", repeated + [docs[0]])
+    unique, seen = [], set()
+    for doc in repeated + [docs[0]]:
+        if " ".join(doc.split()) not in seen:
+            seen.add(" ".join(doc.split()))
+            unique.append(doc)
+
+    for chunk_mb in (64, 2e-3):
+        out = tmp_path / f"out-{chunk_mb}"
+        index = prepare(str(tmp_path / "in.jsonl"), str(out), chunk_mb=chunk_mb)
+        assert token_stream(str(out)) == byte_stream(unique)
+        assert index["removed"]["duplicates"] == len(repeated) + 1 - len(unique)
+        assert index["num_documents"] == len(unique)
+        assert not list(out.rglob("docs.bin")), "dedup's hash lists are removed once the index is written"
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("shard-*.bin")) == sorted(
+            s["name"] for s in index["shards"]), "the shards that dedup rewrote are removed"
+
+
+def test_min_chars_drops_short_documents_and_counts_them(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", ["tiny", "long enough text", "", "no"])
+    index = prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), min_chars=5)
+    assert token_stream(str(tmp_path / "out")) == byte_stream(["long enough text"])
+    assert index["removed"] == {"short": 2, "duplicates": 0, "bad_lines": 0}
+
+
+def test_same_bytes_whatever_the_parallelism_on_ray(tmp_path, s3_bucket, ray_cluster):
+    bucket_url, options = s3_bucket
+    docs = documents(400)
+    write_jsonl(tmp_path / "in" / "a.jsonl", docs[:300] + docs[:20])
+    write_parquet(tmp_path / "in" / "b.parquet", docs[300:] + docs[5:9], row_group_size=11)
+    digests = []
+    for parallelism in (1, 4):
+        url = f"{bucket_url}/p{parallelism}"
+        prepare(str(tmp_path / "in"), url, options, RayExecutor(parallelism), chunk_mb=6e-3, shard_tokens=512)
+        digests.append(dataset_digests(url, options))
+    assert len(digests[0]) > 10
+    assert digests[0] == digests[1]
+    assert token_stream(f"{bucket_url}/p1", options) == byte_stream(docs)
+
+
+def test_a_killed_prepare_redoes_only_the_missing_chunks_and_adopts_no_partial_shard(tmp_path):
+    docs = documents(300)
+    write_jsonl(tmp_path / "in.jsonl", docs + docs[:30])
+    settings = {"chunk_mb": 2e-3, "shard_tokens": 256}
+    prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "reference"), **settings)
+    out = tmp_path / "out"
+
+    first = CountingExecutor(stop_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(tmp_path / "in.jsonl"), str(out), executor=first, **settings)
+    assert not (out / "index.json").exists()
+    (out / "chunks" / "c000003").mkdir()
+    (out / "chunks" / "c000003" / "shard-00000.bin").write_bytes(b"partial")  # the 4th task died while writing
+    (out / "chunks" / "c000001" / "shard-00000.bin").write_bytes(b"torn")  # and a finished shard was damaged
+
+    again, log = CountingExecutor(), io.StringIO()
+    prepare(str(tmp_path / "in.jsonl"), str(out), executor=again, progress_stream=log, **settings)
+    total = len(list((tmp_path / "reference").glob("chunks/*/manifest.json")))
+    assert sorted(again.ran[: total - 2]) == [k for k in range(total) if k not in (0, 2)]
+    assert f"prepare: 2 of {total} chunks were done by an earlier run; doing the other {total - 2}\n" in log.getvalue()
+    assert re.search(r"^prepare: [\d,]+ docs \| [\d,]+ tokens \| [\d.]+ MB/s \| \d+%", log.getvalue(), re.M)
+    assert dataset_digests(str(out)) == dataset_digests(str(tmp_path / "reference"))
+
+
+def test_verify_names_truncated_and_corrupted_shards(tmp_path, s3_bucket):
+    bucket_url, options = s3_bucket
+    write_jsonl(tmp_path / "in.jsonl", documents(100))
+    url = f"{bucket_url}/tokens"
+    index = prepare(str(tmp_path / "in.jsonl"), url, options, shard_tokens=300)
+    assert verify(url, options) == {"shards": len(index["shards"]), "tokens": index["total_tokens"],
+                                    "bytes": 2 * index["total_tokens"]}
+    root = resolve(url, options)
+    first, second = index["shards"][0]["name"], index["shards"][1]["name"]
+    root.child(first).write_bytes(root.child(first).read_bytes()[:-2])
+    data = bytearray(root.child(second).read_bytes())
+    data[7] ^= 1
+    root.child(second).write_bytes(bytes(data))
+    with pytest.raises(DataError, match=re.escape(
+            f"2 of {len(index['shards'])} shards are damaged: {first} (has 598 bytes, the index says 600), "
+            f"{second} (SHA-256 differs from the index: corrupted)")):
+        verify(url, options)
+
+
+def test_a_line_that_is_not_json_is_named_by_file_and_line_even_mid_file(tmp_path):
+    lines = [json.dumps({"text": d}) for d in documents(80)]
+    lines[57] = '{"text": "cut off'
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'in.jsonl'} line 58 is not valid JSON: fix the file, "
+                                                  "or pass --skip-bad-lines")):
+        prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), chunk_mb=1e-3)
+    assert not (tmp_path / "out" / "index.json").exists()
+
+    index = prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), chunk_mb=1e-3, skip_bad_lines=True)
+    assert index["removed"]["bad_lines"] == 1 and index["num_documents"] == 79
+
+
+def test_a_missing_text_field_names_the_field_and_the_fields_there(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", ["a", "b"], field="content")
+    with pytest.raises(DataError, match=re.escape(
+            "line 1 has no field 'text' (its fields: content, id): pick the field with --text-field")):
+        prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"))
+    index = prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), text_field="content")
+    assert index["num_documents"] == 2
+
+    write_parquet(tmp_path / "p.parquet", ["a", "b"])
+    with pytest.raises(DataError, match=re.escape("has no column 'body' (its columns: id, text): pick one with "
+                                                  "--text-field")):
+        prepare(str(tmp_path / "p.parquet"), str(tmp_path / "out2"), text_field="body")
+    with pytest.raises(DataError, match=re.escape("column 'id' holds int64, not text")):
+        prepare(str(tmp_path / "p.parquet"), str(tmp_path / "out2"), text_field="id")
+
+
+def test_a_file_named_parquet_that_is_not_parquet_is_named(tmp_path):
+    (tmp_path / "fake.parquet").write_text("just text")
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'fake.parquet'} is not a Parquet file")):
+        prepare(str(tmp_path / "fake.parquet"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_bucket_and_an_unreachable_endpoint_are_one_line_each(s3_server, tmp_path):
+    from training.drills.cluster import free_port
+    from training.storage import StorageOptions
+
+    with pytest.raises(StorageError, match=re.escape(
+            "--input 's3://no-such-bucket/raw': bucket 'no-such-bucket' does not exist; check the bucket name")):
+        prepare("s3://no-such-bucket/raw", str(tmp_path / "out"), StorageOptions(endpoint_url=s3_server))
+    nowhere = StorageOptions(endpoint_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(StorageError, match=r"--input 's3://b/raw': cannot list s3://b/raw \(.*\); check the bucket"):
+        prepare("s3://b/raw", str(tmp_path / "out"), nowhere)
+    assert not (tmp_path / "out").exists()
+
+
+def test_inputs_under_the_output_are_not_read_back(tmp_path):
+    write_jsonl(tmp_path / "data" / "in.jsonl", ["first"])
+    prepare(str(tmp_path / "data"), str(tmp_path / "data" / "tokens"))
+    (tmp_path / "data" / "tokens" / "index.json").unlink()
+    index = prepare(str(tmp_path / "data"), str(tmp_path / "data" / "tokens"))
+    assert index["num_documents"] == 1
