@@ -32,9 +32,10 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     if not args.input or not args.output:
         raise SpotrayError("prepare needs --input (repeatable) and --output; or --verify URL to check a dataset")
     started = time.monotonic()
+    given = {"chunk_mb": args.chunk_mb, "shard_tokens": args.shard_tokens}
     index = prepare(args.input, args.output, options, RayExecutor(args.parallelism), tokenizer=args.tokenizer,
                     format=args.format, text_field=args.text_field, min_chars=args.min_chars, dedup=args.dedup,
-                    skip_bad_lines=args.skip_bad_lines, shard_tokens=args.shard_tokens, chunk_mb=args.chunk_mb)
+                    skip_bad_lines=args.skip_bad_lines, **{k: v for k, v in given.items() if v is not None})
     print(describe(index, time.monotonic() - started, args.output))
 
 
@@ -119,8 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="count and skip JSONL lines that are not JSON objects with the text field, instead of stopping")
     p.add_argument("--parallelism", type=int, default=None, help="tasks at a time (default: the Ray cluster's CPUs)")
-    p.add_argument("--chunk-mb", type=float, default=64.0, help="input per task, in MiB (default 64)")
-    p.add_argument("--shard-tokens", type=int, default=1 << 20)
+    p.add_argument("--chunk-mb", type=float, help="input per task, in MiB (default 16)")
+    p.add_argument("--shard-tokens", type=int, help="tokens per shard file (default 1,048,576)")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_prepare)
 

@@ -94,7 +94,7 @@ def _timed_prepare(source: str, out_root: str, options: StorageOptions, parallel
 
 
 @contextmanager
-def _task_rss_sampler(interval_s: float = 0.2):
+def _task_rss_sampler(interval_s: float = 1.0):
     """The largest RSS seen of any process running a prepare task (Ray titles it ``ray::_run_job``)."""
     import psutil
 
