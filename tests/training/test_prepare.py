@@ -260,3 +260,11 @@ def test_inputs_under_the_output_are_not_read_back(tmp_path):
     (tmp_path / "data" / "tokens" / "index.json").unlink()
     index = prepare(str(tmp_path / "data"), str(tmp_path / "data" / "tokens"))
     assert index["num_documents"] == 1
+
+
+def test_a_truncated_gzip_file_is_named(tmp_path):
+    data = gzip.compress("".join(json.dumps({"text": d}) + "\n" for d in documents(500)).encode())
+    (tmp_path / "in.jsonl.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match=re.escape(f"cannot read {tmp_path / 'in.jsonl.gz'} (")):
+        prepare(str(tmp_path / "in.jsonl.gz"), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "index.json").exists()

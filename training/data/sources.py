@@ -242,7 +242,7 @@ class DocumentReader:
         if piece.compression is None:
             return loc.read_bytes()
         with self._compressed(loc, piece) as stream:
-            return _read_all(stream, loc.url)
+            return _read(stream, None, loc.url)
 
     def _compressed(self, loc: Location, piece: Piece):
         try:
@@ -305,7 +305,7 @@ class DocumentReader:
         with stream:
             carry = b""
             while end is None or position < end:
-                block = stream.read(READ_BLOCK)
+                block = _read(stream, READ_BLOCK, loc.url)
                 if not block:
                     break
                 lines = (carry + block).split(b"\n")
@@ -345,15 +345,27 @@ class DocumentReader:
             raise DataError(f"{loc.url}: column '{self.text_field}' holds {column_type}, not text: pick a string "
                             "column with --text-field")
         for group in piece.row_groups:
-            for batch in parquet.iter_batches(batch_size=1024, row_groups=[group], columns=[self.text_field]):
+            batches = parquet.iter_batches(batch_size=1024, row_groups=[group], columns=[self.text_field])
+            for batch in _guarded(batches, f"row group {group} of {loc.url}"):
                 for text in batch.column(0).to_pylist():
                     if text:
                         yield text
             self.stats.bytes_in += _compressed_size(parquet.metadata.row_group(group))
 
 
-def _read_all(stream, url: str) -> bytes:
+def _guarded(items: Iterator, what: str) -> Iterator:
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(f"cannot read {what} ({exc}): fix or replace the file") from None
+        yield item
+
+
+def _read(stream, size: int | None, url: str) -> bytes:
     try:
-        return stream.read()
-    except pa.ArrowException as exc:
-        raise DataError(f"{url}: the compressed data is corrupt ({exc})") from None
+        return stream.read(size)
+    except (pa.ArrowException, OSError) as exc:  # a truncated or corrupted .gz/.zst, or a storage error mid-read
+        raise DataError(f"cannot read {url} ({exc}): fix or replace the file") from None
