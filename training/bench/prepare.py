@@ -5,6 +5,7 @@ with the same tokenizer."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -44,7 +45,8 @@ def _run(workdir: str, size_mb: int, s3_endpoint: str | None, parallelisms: tupl
     jsonl_files = write_corpus(f"{workdir}/jsonl", size_mb)
     parquet_files = _as_parquet(jsonl_files, f"{workdir}/parquet")
     bpe = train_bpe(jsonl_files[0], f"{workdir}/bpe")
-    with moto_server() if s3_endpoint is None else _given(s3_endpoint) as endpoint:
+    with contextlib.ExitStack() as stack:
+        endpoint = s3_endpoint or stack.enter_context(moto_server())
         options = StorageOptions(endpoint_url=endpoint)
         bucket = create_bucket(endpoint)
         for path in jsonl_files + parquet_files:
@@ -114,11 +116,6 @@ def _task_rss_sampler(interval_s: float = 1.0):
     finally:
         stop.set()
         thread.join()
-
-
-@contextmanager
-def _given(endpoint: str):
-    yield endpoint
 
 
 def write_corpus(directory: str, size_mb: float, files: int = FILES) -> list[str]:

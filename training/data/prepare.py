@@ -29,12 +29,11 @@ from training.data.chunks import (
 from training.data.executors import InlineExecutor
 from training.data.index import DTYPES, FORMAT, INDEX_NAME, TOKENIZER_NAME, VERSION, dtype_for_vocab, read_index
 from training.data.progress import PrepareProgress
-from training.data.sources import FORMATS, list_inputs, plan_chunks
+from training.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
 from training.data.tokenizer import load_tokenizer
 from training.errors import DataError, StorageError
 from training.storage import Location, StorageOptions, resolve
 
-IO_THREADS = 16
 VERIFY_BLOCK = 8 << 20
 
 

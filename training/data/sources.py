@@ -29,6 +29,7 @@ _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 READ_BLOCK = 4 << 20
+IO_THREADS = 16  # concurrent small requests (stats, footers, manifests) from one process
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,6 @@ def list_inputs(patterns: Sequence[str], fmt: str = "auto", options: StorageOpti
 
     A directory or an S3 prefix means every file under it, except names starting with ``.`` or ``_`` (markers such
     as ``_SUCCESS``); a glob (``*``, ``?``, ``[...]``, ``**`` for any depth) means the files it matches."""
-    if fmt not in FORMATS:
-        raise DataError(f"--format '{fmt}' is not one of {', '.join(FORMATS)}")
     files: dict[str, InputFile] = {}
     for pattern in patterns:
         matches = _expand(pattern, options)
@@ -164,7 +163,7 @@ def _input_file(url: str, size: int, fmt: str) -> InputFile:
 def plan_chunks(files: Sequence[InputFile], chunk_bytes: int,
                 options: StorageOptions | None = None) -> list[list[Piece]]:
     """Pieces of about ``chunk_bytes`` each, packed in input order into chunks of about ``chunk_bytes``."""
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(IO_THREADS) as pool:
         per_file = list(pool.map(lambda f: _pieces(f, chunk_bytes, options), files))
     chunks: list[list[Piece]] = []
     current, filled = [], 0
@@ -360,7 +359,7 @@ def _guarded(items: Iterator, what: str) -> Iterator:
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"cannot read {what} ({exc}): fix or replace the file") from None
+            raise _unreadable(what, exc) from None
         yield item
 
 
@@ -368,4 +367,8 @@ def _read(stream, size: int | None, url: str) -> bytes:
     try:
         return stream.read(size)
     except (pa.ArrowException, OSError) as exc:  # a truncated or corrupted .gz/.zst, or a storage error mid-read
-        raise DataError(f"cannot read {url} ({exc}): fix or replace the file") from None
+        raise _unreadable(url, exc) from None
+
+
+def _unreadable(what: str, exc: Exception) -> DataError:
+    return DataError(f"cannot read {what} ({exc}): fix or replace the file")
