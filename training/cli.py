@@ -165,7 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
-    p.add_argument("--rounds", type=int, default=2, help="throughput, recovery benches: runs per side, interleaved")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="throughput, recovery, prepare benches: runs per side, interleaved")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")

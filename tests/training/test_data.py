@@ -127,6 +127,17 @@ def test_hf_tokenizer_round_trip(tmp_path):
     assert [ds.sample(i).tolist() for i in range(ds.num_samples)] == expected_samples(stream, 1 << 20, 3)
 
 
+def test_a_process_unpickles_one_hf_tokenizer_however_many_tasks_send_it(tmp_path):
+    train_bpe(tmp_path / "tok", ["the quick brown fox jumps", "over the lazy dog"])
+    tok = load_tokenizer(str(tmp_path / "tok"))
+
+    first, second = pickle.loads(pickle.dumps(tok)), pickle.loads(pickle.dumps(tok))
+
+    assert first is second  # each prepare task gets the tokenizer pickled; building a new one per task grew workers
+    tokens, lengths = first.encode_documents(["the lazy fox"])
+    assert tokens.tolist() == tok.encode_documents(["the lazy fox"])[0].tolist() and lengths.tolist() == [len(tokens)]
+
+
 def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_copy(tmp_path, s3_bucket):
     bucket_url, options = s3_bucket
     texts = ["the quick brown fox jumps", "over the lazy dog"]

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from training.data import sources
 from training.data.executors import InlineExecutor, RayExecutor
 from training.data.prepare import prepare, verify
 from training.errors import DataError, StorageError
@@ -91,9 +92,13 @@ def test_text_jsonl_gzip_zstd_and_parquet_give_the_same_tokens(tmp_path):
         assert index["num_documents"] == len(docs)
 
 
-@pytest.mark.parametrize("chunk_mb", [1e-3, 3e-3, 64])
-def test_chunk_size_changes_only_where_shards_end(tmp_path, chunk_mb):
-    """Byte ranges of one JSONL file and runs of Parquet row groups: every line once, in order, whatever the cut."""
+@pytest.mark.parametrize("chunk_mb, read_block", [(1e-3, None), (3e-3, None), (3e-3, 5), (64, None), (64, 5)])
+def test_chunk_size_changes_only_where_shards_end(tmp_path, monkeypatch, chunk_mb, read_block):
+    """Byte ranges of one JSONL file and runs of Parquet row groups: every line once, in order, whatever the cut,
+    also when lines span many reads."""
+    if read_block:
+        monkeypatch.setattr(sources, "READ_BLOCK", read_block)
+        monkeypatch.setattr(sources, "TAIL_BLOCK", read_block - 2)
     docs = documents(200)
     write_jsonl(tmp_path / "in" / "a.jsonl", docs[:120])
     write_parquet(tmp_path / "in" / "b.parquet", docs[120:], row_group_size=9)

@@ -24,7 +24,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "prepare":
         from training.bench.prepare import run
 
-        return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint)
+        return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint, rounds=args.rounds)
     if which == "export":
         from training.bench.export import run
 

@@ -1,7 +1,7 @@
 """``spotray bench prepare``: ``spotray prepare`` of a generated JSONL and Parquet corpus, on local disk and on
 loopback S3, with parallelism 1 and 2: tokens/s, the scaling ratio, and the peak RSS of any one task; against the
 baseline users would otherwise run, Hugging Face ``datasets`` (``load_dataset("json")`` + ``map``, ``num_proc=2``)
-with the same tokenizer."""
+with the same tokenizer. Every run is repeated ``rounds`` times, the rounds interleaved."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -28,15 +29,16 @@ _WORDS = np.array("spot instance node ray train shard token model loss step batc
                   "bucket commit rank world epoch sample corpus parquet ünïcode ✓ the of and to in is".split())
 
 
-def run(size_mb: int = 1024, s3_endpoint: str | None = None, parallelisms: tuple[int, ...] = (1, 2)) -> dict:
+def run(size_mb: int = 1024, s3_endpoint: str | None = None, rounds: int = 2,
+        parallelisms: tuple[int, ...] = (1, 2)) -> dict:
     workdir = new_workdir()
     try:
-        return _run(workdir, size_mb, s3_endpoint, parallelisms)
+        return _run(workdir, size_mb, s3_endpoint, rounds, parallelisms)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)  # gigabytes of corpus, outputs and datasets' cache
 
 
-def _run(workdir: str, size_mb: int, s3_endpoint: str | None, parallelisms: tuple[int, ...]) -> dict:
+def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, parallelisms: tuple[int, ...]) -> dict:
     import ray
 
     from training.drills.s3local import create_bucket, moto_server
@@ -51,37 +53,61 @@ def _run(workdir: str, size_mb: int, s3_endpoint: str | None, parallelisms: tupl
         bucket = create_bucket(endpoint)
         for path in jsonl_files + parquet_files:
             resolve(f"{bucket}/{os.path.relpath(path, workdir)}", options).put_file(path)
+        sources = {(fmt, "local"): f"{workdir}/{fmt}" for fmt in ("jsonl", "parquet")}
+        sources |= {(fmt, "s3"): f"{bucket}/{fmt}" for fmt in ("jsonl", "parquet")}
+        # BPE tokenizes ~50x slower than bytes: its cases read one of the files, so each round stays minutes long.
+        cases = [(fmt, storage, "bytes", sources[fmt, storage]) for fmt, storage in sources]
+        cases.append(("jsonl", "local", "hf-bpe", jsonl_files[0]))
+        tokenizers = {"bytes": ("bytes", jsonl_files), "hf-bpe": (bpe, jsonl_files[:1])}
+        runs = {case[:3]: {p: [] for p in parallelisms} for case in cases}
+        baseline_runs: dict[str, list[dict]] = {name: [] for name in tokenizers}
         start_local_ray(max(os.cpu_count() or 1, max(parallelisms)), log_to_driver=False)
         try:
-            cases = [(fmt, storage, "bytes") for fmt in ("jsonl", "parquet") for storage in ("local", "s3")]
-            cases.append(("jsonl", "local", "hf-bpe"))
-            results = []
-            for fmt, storage, tokenizer in cases:
-                source = f"{workdir}/{fmt}" if storage == "local" else f"{bucket}/{fmt}"
-                runs = {p: _timed_prepare(source, f"{workdir}/out", options, p, bpe if tokenizer == "hf-bpe"
-                                          else "bytes") for p in parallelisms}
-                results.append(_case(fmt, storage, tokenizer, runs, parallelisms))
+            for i in range(rounds):  # interleaved, so drift on a noisy machine hits every side alike
+                for fmt, storage, tokenizer, source in cases:
+                    for p in parallelisms:
+                        runs[fmt, storage, tokenizer][p].append(
+                            _timed_prepare(source, f"{workdir}/out", options, p, tokenizers[tokenizer][0]))
+                for name, (tokenizer, files) in tokenizers.items():
+                    baseline_runs[name].append(_datasets_baseline(files, tokenizer, f"{workdir}/hf-cache-{i}"))
         finally:
             ray.shutdown()
-    baseline = {name: _datasets_baseline(jsonl_files, tok, f"{workdir}/hf-cache-{name}")
-                for name, tok in (("bytes", "bytes"), ("hf-bpe", bpe))}
+    results = [_case(*key, by_p, parallelisms) for key, by_p in runs.items()]
+    baseline = {name: _baseline(r) for name, r in baseline_runs.items()}
+    high = str(max(parallelisms))
     local_jsonl = {r["tokenizer"]: r for r in results if (r["format"], r["storage"]) == ("jsonl", "local")}
     return {
-        "machine": machine(), "corpus_mb": round(sum(map(os.path.getsize, jsonl_files)) / 1e6, 1),
-        "files": FILES, "cases": results,
+        "machine": machine(), "rounds": rounds, "files": FILES,
+        "corpus_mb": {name: round(sum(map(os.path.getsize, files)) / 1e6, 1)
+                      for name, (_, files) in tokenizers.items()},
+        "cases": results,
         "datasets_baseline": baseline,
-        "spotray_over_datasets": {name: round(local_jsonl[name]["tokens_per_s"][str(max(parallelisms))] /
-                                              baseline[name]["tokens_per_s"], 2) for name in baseline},
+        "spotray_over_datasets": {name: round(local_jsonl[name]["tokens_per_s"][high] / baseline[name]["tokens_per_s"],
+                                              2) for name in baseline},
+        "spotray_over_datasets_median": {
+            name: round(local_jsonl[name]["tokens_per_s_median"][high] / baseline[name]["tokens_per_s_median"], 2)
+            for name in baseline},
     }
 
 
-def _case(fmt: str, storage: str, tokenizer: str, runs: dict, parallelisms) -> dict:
-    low, high = min(parallelisms), max(parallelisms)
-    rates = {str(p): round(r["tokens"] / r["seconds"]) for p, r in runs.items()}
-    return {"format": fmt, "storage": storage, "tokenizer": tokenizer, "tokens": runs[low]["tokens"],
-            "seconds": {str(p): round(r["seconds"], 2) for p, r in runs.items()}, "tokens_per_s": rates,
-            "scaling": round(rates[str(high)] / rates[str(low)], 3),
-            "peak_task_rss_mb": max(r["peak_task_rss_mb"] for r in runs.values())}
+def _case(fmt: str, storage: str, tokenizer: str, runs: dict[int, list[dict]], parallelisms) -> dict:
+    """Rates are the best round's (``_median``: the median round's); scaling compares the highest parallelism
+    with the lowest."""
+    low, high = str(min(parallelisms)), str(max(parallelisms))
+    rates = {str(p): [r["tokens"] / r["seconds"] for r in rs] for p, rs in runs.items()}
+    best = {p: round(max(r)) for p, r in rates.items()}
+    median = {p: round(statistics.median(r)) for p, r in rates.items()}
+    return {"format": fmt, "storage": storage, "tokenizer": tokenizer, "tokens": runs[min(parallelisms)][0]["tokens"],
+            "seconds": {str(p): [round(r["seconds"], 2) for r in rs] for p, rs in runs.items()},
+            "tokens_per_s": best, "tokens_per_s_median": median,
+            "scaling": round(best[high] / best[low], 3), "scaling_median": round(median[high] / median[low], 3),
+            "peak_task_rss_mb": max(r["peak_task_rss_mb"] for rs in runs.values() for r in rs)}
+
+
+def _baseline(runs: list[dict]) -> dict:
+    rates = [r["tokens"] / r["seconds"] for r in runs]
+    return {"tokens": runs[0]["tokens"], "seconds": [r["seconds"] for r in runs], "tokens_per_s": round(max(rates)),
+            "tokens_per_s_median": round(statistics.median(rates)), "datasets": runs[0]["datasets"]}
 
 
 def _timed_prepare(source: str, out_root: str, options: StorageOptions, parallelism: int, tokenizer: str) -> dict:
@@ -183,8 +209,8 @@ def _datasets_baseline(jsonl_files: list[str], tokenizer: str, cache_dir: str) -
                        fn_kwargs={"tokenizer": tokenizer})
     seconds = time.perf_counter() - started
     tokens = int(pa.compute.sum(pa.compute.list_value_length(tokenized.data.column("ids"))).as_py())
-    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds),
-            "datasets": datasets.__version__}
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return {"tokens": tokens, "seconds": round(seconds, 2), "datasets": datasets.__version__}
 
 
 def _byte_tokenize(batch: dict, tokenizer: str) -> dict:

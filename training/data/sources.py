@@ -28,7 +28,8 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _GLOB_CHARS = re.compile(r"[*?\[]")
-READ_BLOCK = 4 << 20
+READ_BLOCK = 16 << 20  # a default chunk's worth: one S3 GET for most JSONL ranges
+TAIL_BLOCK = 256 << 10  # reads past a range's end, to finish its last line
 IO_THREADS = 16  # concurrent small requests (stats, footers, manifests) from one process
 
 
@@ -294,44 +295,36 @@ class DocumentReader:
         return newlines + 1
 
     def _lines(self, loc: Location, piece: Piece) -> Iterator[tuple[bytes, int]]:
-        """(line, byte offset of its start) for every line that starts in ``[start, end)``."""
+        """(line, byte offset of its start) for every line that starts in ``[start, end)``. A range is read with
+        one request (on S3, one GET) plus short ones for the line that crosses its end."""
         if piece.compression:
             stream, position, end = self._compressed(loc, piece), 0, None
         else:
-            stream = loc.open_input()
-            position, end = self._first_line_start(stream, piece.start), piece.end
+            # From the byte before ``start``: a line starts at ``start`` only if that byte is a newline.
+            stream, position, end = loc.open_input(), max(piece.start - 1, 0), piece.end
             stream.seek(position)
+        unaligned, read_to = piece.start > 0 and not piece.compression, position
         with stream:
             carry = b""
             while end is None or position < end:
-                block = _read(stream, READ_BLOCK, loc.url)
+                size = READ_BLOCK if end is None else min(max(end - read_to, TAIL_BLOCK), READ_BLOCK)
+                block = _read(stream, size, loc.url)
                 if not block:
                     break
+                read_to += len(block)
+                self.stats.bytes_in += len(block) if not piece.compression else 0
                 lines = (carry + block).split(b"\n")
                 carry = lines.pop()
-                for line in lines:
+                if unaligned and lines:
+                    position += len(lines.pop(0)) + 1  # the end of a line that the previous range holds
+                    unaligned = False
+                for line in lines if not unaligned else ():
                     if end is not None and position >= end:
                         break
                     yield line, position
                     position += len(line) + 1
-                self.stats.bytes_in += len(block) if not piece.compression else 0
-            if carry and (end is None or position < end):
+            if carry and not unaligned and (end is None or position < end):
                 yield carry, position
-
-    @staticmethod
-    def _first_line_start(stream, start: int) -> int:
-        """The first line boundary at or after ``start``: ``start`` itself if the byte before it is a newline."""
-        if start == 0:
-            return 0
-        position = start - 1
-        while True:
-            block = stream.read_at(64 << 10, position)
-            if not block:
-                return position
-            newline = block.find(b"\n")
-            if newline >= 0:
-                return position + newline + 1
-            position += len(block)
 
     def _parquet(self, loc: Location, piece: Piece) -> Iterator[str]:
         parquet = _parquet_file(loc)

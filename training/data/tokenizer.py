@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -60,6 +61,12 @@ class HFTokenizer(Tokenizer):
         self.eot_token = eot
         self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
         self.file = data
+        self._source = source
+
+    def __reduce__(self):
+        # A process that runs many prepare tasks builds the Rust tokenizer once: building one per task grew each
+        # long-lived Ray worker by about 2 MB a task.
+        return _shared_hf_tokenizer, (self.file, self._source)
 
     def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         flat: list[int] = []
@@ -69,6 +76,11 @@ class HFTokenizer(Tokenizer):
             flat.append(self.eot_token)
             lengths[k] = len(encoding.ids) + 1
         return np.array(flat, dtype=np.int64), lengths
+
+
+@functools.lru_cache(maxsize=2)
+def _shared_hf_tokenizer(data: bytes, source: str) -> HFTokenizer:
+    return HFTokenizer(data, source)
 
 
 def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> Tokenizer:
