@@ -8,7 +8,7 @@ GPU_RESULTS ?= gpu-results
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test gpu-test lint prometheus clean
+.PHONY: demo test gpu-test lint workflows prometheus clean install plan-diff image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/spotray demo
 
-lint: $(STAMP)
+lint: $(STAMP) workflows
 	$(BIN)/ruff check .
+
+# The GitHub workflows against GitHub's schema, and zizmor's security audit (offline).
+workflows: $(STAMP)
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(BIN)/zizmor --offline --min-severity medium .github/workflows
 
 # The monitoring tests run a real Prometheus and promtool (Debian's package).
 prometheus:
@@ -36,6 +41,21 @@ test: lint prometheus
 gpu-test: $(STAMP)
 	$(BIN)/python -c 'import torch; assert torch.cuda.is_available(), "no CUDA device: nothing to test"'
 	SPOTRAY_GPU_RESULTS=$(GPU_RESULTS) $(BIN)/python -m pytest -m gpu tests/gpu -v
+
+# The pipelines' steps (.github/workflows), callable from any CI.
+install: $(STAMP)
+
+# What a pull request changes in each stack's offline plan: make plan-diff BASE=<base commit>
+plan-diff: $(STAMP)
+	.ci/plan-diff $(BASE)
+
+# The training image at TAG (the commit SHA) in STACK's ECR repository; prints image=<reference> for the pipeline.
+image:
+	@test -n "$(STACK)" -a -n "$(TAG)" || { echo "usage: make image STACK=<stack> TAG=<commit sha>" >&2; exit 2; }
+	repo=$$(pulumi stack output ecrUrl --stack $(STACK)) && \
+	aws ecr get-login-password | docker login --username AWS --password-stdin "$${repo%%/*}" && \
+	docker build -f training/Dockerfile -t "$$repo:$(TAG)" . && docker push "$$repo:$(TAG)" && \
+	echo "image=$$repo:$(TAG)" | tee -a "$${GITHUB_OUTPUT:-/dev/null}"
 
 clean:
 	rm -rf $(VENV) spotray-runs .pytest_cache

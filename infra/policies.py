@@ -6,11 +6,12 @@ protect / retain-on-delete options) and returns one message per violation."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from infra.kernel.config import GPU_FAMILIES, NAMESPACE
-from infra.kernel.names import GPU_TAINT, ON_DEMAND_FALLBACK_LABEL
+from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST, GPU_TAINT, ON_DEMAND_FALLBACK_LABEL
 
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
 RAY_PORTS = (6379, 8265, 10001)  # GCS, dashboard/job API, Ray client: never on the internet
@@ -148,6 +149,34 @@ def everything_is_tagged(resources: list[Resource], environment: str) -> list[st
     return found
 
 
+def github_roles_pin_one_subject(resources: list[Resource], environment: str) -> list[str]:
+    """A role GitHub's OIDC tokens may assume names exactly one repository and environment (or its pull requests):
+    a wildcard subject would let any branch, fork or repository deploy."""
+    found = []
+    for role in _of(resources, "aws:iam/role:Role"):
+        for statement in _statements(role.props.get("assumeRolePolicy")):
+            if GITHUB_OIDC_HOST not in str(statement.get("Principal", {}).get("Federated", "")):
+                continue
+            conditions = statement.get("Condition", {})
+            subject = conditions.get("StringEquals", {}).get(f"{GITHUB_OIDC_HOST}:sub")
+            if not isinstance(subject, str) or any(c in subject for c in "*?") or "StringLike" in conditions:
+                found.append(f"Role {role.name}: GitHub OIDC trust without one exact subject (got {subject!r}); "
+                             "use StringEquals repo:OWNER/NAME:environment:ENV")
+            elif conditions.get("StringEquals", {}).get(f"{GITHUB_OIDC_HOST}:aud") != GITHUB_OIDC_AUDIENCE:
+                found.append(f"Role {role.name}: GitHub OIDC trust without the sts.amazonaws.com audience")
+    return found
+
+
+def _statements(policy) -> list[dict]:
+    if isinstance(policy, str):
+        try:
+            policy = json.loads(policy)
+        except ValueError:
+            return []
+    statements = policy.get("Statement", []) if isinstance(policy, dict) else []
+    return [s for s in ([statements] if isinstance(statements, dict) else statements) if isinstance(s, dict)]
+
+
 def prod_state_is_protected(resources: list[Resource], environment: str) -> list[str]:
     if environment != "prod":
         return []
@@ -170,6 +199,8 @@ POLICIES = (
            no_public_ray_ports),
     Policy("tagged", f"Every taggable AWS resource carries {NAMESPACE}:project and {NAMESPACE}:stack tags",
            everything_is_tagged),
+    Policy("github-roles-one-subject", "Roles GitHub Actions assume trust one repository and environment, no wildcard",
+           github_roles_pin_one_subject),
     Policy("prod-protected", "In prod, stateful resources are protected and retained on delete",
            prod_state_is_protected),
 )

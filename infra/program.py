@@ -12,6 +12,7 @@ from cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from cluster.rayjob import job_settings
 from cluster.training_job import TrainingJob, TrainingNamespace
 from infra.aws.eks import Cluster, ClusterArgs
+from infra.aws.github import GitHubRoles, GitHubRolesArgs
 from infra.aws.karpenter import Karpenter, KarpenterArgs
 from infra.aws.network import Network, NetworkArgs
 from infra.aws.nodes import CoreNodes, CoreNodesArgs
@@ -48,6 +49,9 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     else:
         outputs.update(storageEndpoint=minio_endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket,
                        datasetsBucket=datasets_bucket(cfg.bucket))
+    if cfg.gitops.roles:
+        github = GitHubRoles("github", GitHubRolesArgs(cfg.gitops, cfg.environment, cfg.cluster_name, tags))
+        outputs.update(deployRoleArn=github.deploy_role_arn, previewRoleArn=github.preview_role_arn)
     return outputs
 
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from infra.kernel.names import MONITORING_NAMESPACE, datasets_bucket
+from infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
 from infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
 from infra.kernel.versions import MINIO_IMAGES, Image
 from training.errors import ConfigError, SpotrayError
@@ -30,6 +30,7 @@ PLATFORMS = ("aws", "existing")
 GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
 CAPACITY_TYPES = ("spot", "on-demand")
 MIN_KUBERNETES_MINOR = 30
+_GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
@@ -292,6 +293,27 @@ class TrainingJobConfig(Section):
 
 
 @dataclass(frozen=True)
+class GitOpsConfig(Section):
+    """How pipelines reach the stack (``infra/aws/github.py``): with ``roles``, GitHub's OIDC provider (or the
+    account's, ``oidc_provider_arn``), a deploy role and a read-only preview role; no long-lived AWS keys."""
+
+    repository: str = setting("repository", "")  # owner/name on GitHub
+    roles: bool = setting("roles", False)
+    oidc_provider_arn: str = setting("oidcProviderArn", "")  # an account holds one provider per URL: reuse it
+
+    def __post_init__(self):
+        self.require(not self.repository or bool(_GITHUB_REPOSITORY.match(self.repository)), "repository",
+                     f"{self.repository!r} is not a GitHub repository", "write it as owner/name, e.g. acme/spotray")
+        self.require(not self.roles or bool(self.repository), "repository", "is empty while roles is true",
+                     "set it to the owner/name of the repository whose workflows deploy this stack")
+        self.require(not self.oidc_provider_arn or self.oidc_provider_arn.startswith("arn:aws:iam::")
+                     and self.oidc_provider_arn.endswith(f":oidc-provider/{GITHUB_OIDC_HOST}"),
+                     "oidc_provider_arn", f"{self.oidc_provider_arn!r} is not GitHub's OIDC provider",
+                     f"use arn:aws:iam::<account>:oidc-provider/{GITHUB_OIDC_HOST}, or leave it out "
+                     "to create the provider")
+
+
+@dataclass(frozen=True)
 class StackConfig(Section):
     _PREFIX: ClassVar[str] = f"{NAMESPACE}:"
 
@@ -310,6 +332,7 @@ class StackConfig(Section):
     kubeconfig: Any = setting("kubeconfig", None)  # existing platform: a kubeconfig (a secret Output, or str)
     training: TrainingJobConfig = setting("training", factory=TrainingJobConfig)
     monitoring: MonitoringConfig = setting("monitoring", factory=MonitoringConfig)
+    gitops: GitOpsConfig = setting("gitops", factory=GitOpsConfig)
 
     def __post_init__(self):
         self.require(self.environment in ENVIRONMENTS, "environment", f"is {self.environment!r}",
@@ -324,6 +347,8 @@ class StackConfig(Section):
         if self.platform == "aws":
             self._check_aws()
         else:
+            self.require(not self.gitops.roles, "gitops.roles", "is true on platform existing (no AWS account)",
+                         "set it false: give the pipeline the existing cluster's credentials instead")
             self.require(self.storage.backend == "minio" or bool(self.storage.bucket), "storage.bucket",
                          "is required for s3 on an existing cluster", "name the existing bucket the cluster can reach")
         if self.storage.backend == "minio":

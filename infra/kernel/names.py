@@ -58,3 +58,7 @@ def namespace_labels(namespace: str) -> dict:
 def from_namespace(namespace: str) -> dict:
     """A NetworkPolicy peer: every pod of ``namespace``."""
     return {"namespaceSelector": {"matchLabels": namespace_labels(namespace)}}
+
+# GitHub Actions' OIDC issuer, and the audience its tokens carry for AWS STS.
+GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
+GITHUB_OIDC_AUDIENCE = "sts.amazonaws.com"

@@ -1,9 +1,11 @@
 """Each policy with a passing and a violating case; the same predicates back the CrossGuard pack."""
 
 import copy
+import json
 
 import pytest
 
+from infra.aws.github import trust_statement
 from infra.aws.karpenter_manifests import gpu_node_pool
 from infra.kernel.config import GpuPoolConfig
 from infra.policies import POLICIES, Resource, violations
@@ -40,6 +42,16 @@ def sg(port: int, cidr: str = "0.0.0.0/0", protocol: str = "tcp") -> Resource:
         {"cidrBlocks": [cidr], "fromPort": port, "toPort": port, "protocol": protocol}]})
 
 
+def github_role(subject: str, test: str = "StringEquals", audience: str = "sts.amazonaws.com") -> Resource:
+    statement = trust_statement("arn:aws:iam::123456789012:oidc-provider/token.actions.githubusercontent.com",
+                                subject)
+    conditions = statement["Condition"]["StringEquals"]
+    conditions["token.actions.githubusercontent.com:aud"] = audience
+    statement["Condition"] = {test: conditions}
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+    return Resource("aws:iam/role:Role", "deploy", {"tags": TAGS, "assumeRolePolicy": policy})
+
+
 CASES = {  # policy -> (passing resources, violating resources, environment)
     "gpu-pools-tainted-spot": ([node_pool()], [node_pool(lambda t: t["spec"].update(taints=[]))], "dev"),
     "on-demand-gpus-only-when-configured": (
@@ -50,6 +62,8 @@ CASES = {  # policy -> (passing resources, violating resources, environment)
                               "dev"),
     "no-public-ray-ports": ([sg(443), sg(8265, cidr="10.0.0.0/8")], [sg(8265)], "dev"),
     "tagged": ([BUCKET], [Resource("aws:s3/bucket:Bucket", "b", {"tags": {"spotray:project": "spotray"}})], "dev"),
+    "github-roles-one-subject": ([github_role("repo:acme/spotray:environment:prod")],
+                                 [github_role("repo:acme/spotray:*")], "prod"),
     "prod-protected": ([BUCKET, CLUSTER], [Resource("aws:kms/key:Key", "k", {"tags": TAGS}, protect=True)], "prod"),
 }
 
@@ -75,6 +89,9 @@ def test_policy_passes_and_catches_its_violation(name):
               {"cidrIpv4": "0.0.0.0/0", "fromPort": 6000, "toPort": 7000, "ipProtocol": "tcp"}), "[6379]"),
     (Resource("aws:eks/cluster:Cluster", "eks", {**CLUSTER.props, "deletionProtection": False}, True, True),
      "deletion protection is off"),
+    (github_role("repo:acme/spotray:environment:prod", test="StringLike"), "without one exact subject"),
+    (github_role("repo:acme/spotray:environment:pro?"), "'repo:acme/spotray:environment:pro?'"),
+    (github_role("repo:acme/spotray:pull_request", audience="*"), "without the sts.amazonaws.com audience"),
 ])
 def test_violations_say_what_is_wrong(resource, fragment):
     found = [m for messages in violations([resource], "prod").values() for m in messages]
