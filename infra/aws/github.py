@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws.iam import policy_document
+from infra.aws import iam
 from infra.kernel.config import GitOpsConfig
 from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
 
@@ -66,14 +66,11 @@ class GitHubRoles(pulumi.ComponentResource):
             depends_on = [created]
         roles = {"deploy": (deploy_subject(gitops.repository, args.environment), DEPLOY_POLICY),
                  "preview": (pull_request_subject(gitops.repository), PREVIEW_POLICY)}
-        arns = {}
-        for kind, (subject, policy) in roles.items():
-            role = aws.iam.Role(f"{name}-{kind}", name=f"{args.role_prefix}-github-{kind}",
-                                assume_role_policy=policy_document([trust_statement(provider, subject)]),
-                                max_session_duration=SESSION_SECONDS, tags=args.tags,
-                                opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
-            aws.iam.RolePolicyAttachment(f"{name}-{kind}-{policy}", role=role.name,
-                                         policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
-            arns[kind] = role.arn
+        arns = {
+            kind: iam.trusted_role(f"{name}-{kind}", iam.policy_document([trust_statement(provider, subject)]),
+                                   [policy], args.tags, pulumi.ResourceOptions(parent=self, depends_on=depends_on),
+                                   role_name=f"{args.role_prefix}-github-{kind}",
+                                   max_session_duration=SESSION_SECONDS).arn
+            for kind, (subject, policy) in roles.items()}
         self.deploy_role_arn, self.preview_role_arn = arns["deploy"], arns["preview"]
         self.register_outputs({"deployRoleArn": self.deploy_role_arn, "previewRoleArn": self.preview_role_arn})

@@ -16,7 +16,15 @@ def role(name: str, service: str, managed_policies: list[str], tags: dict[str, s
     actions = ["sts:AssumeRole", "sts:TagSession"] if service == POD_IDENTITY_PRINCIPAL else ["sts:AssumeRole"]
     assume = {"Version": "2012-10-17",
               "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}]}
-    created = aws.iam.Role(name, assume_role_policy=json.dumps(assume), tags=tags, opts=opts)
+    return trusted_role(name, json.dumps(assume), managed_policies, tags, opts)
+
+
+def trusted_role(name: str, assume_role_policy: pulumi.Input[str], managed_policies: list[str],
+                 tags: dict[str, str], opts: pulumi.ResourceOptions, role_name: str | None = None,
+                 max_session_duration: int | None = None) -> aws.iam.Role:
+    """A role with the trust policy ``assume_role_policy`` and AWS-managed policies attached by name."""
+    created = aws.iam.Role(name, name=role_name, assume_role_policy=assume_role_policy,
+                           max_session_duration=max_session_duration, tags=tags, opts=opts)
     for policy in managed_policies:
         aws.iam.RolePolicyAttachment(f"{name}-{policy.rsplit('/', 1)[-1]}", role=created.name,
                                      policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=opts)
