@@ -2,7 +2,8 @@
 
 Same task (model, data, loss), batch split and optimizer as spotray, with none of its machinery (no Ray, no
 checkpoints, no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
-With ``scaling.use_gpu`` it trains on one GPU per process over NCCL, under ``train.dtype`` autocast as spotray does.
+With ``scaling.use_gpu`` it trains on one GPU per process over NCCL, under ``train.dtype`` autocast; with
+``train.compile`` it compiles the same units; both as spotray does.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main(config_json: str) -> None:
     model.to_empty(device=device)
     task.on_materialized(model)
     task.init_weights(model)
+    if cfg.train.compile:
+        for unit in task.shard_units(model):
+            unit.compile()
     model = DistributedDataParallel(model, device_ids=[device.index] if gpu else None)
     bf16 = cfg.train.dtype == "bfloat16"
     optimizer = build_optimizer(model, cfg.train)
