@@ -8,7 +8,11 @@ GPU_RESULTS ?= gpu-results
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test gpu-test lint workflows prometheus clean install plan-diff image
+STACKS := $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml))
+RENDERED := cluster/rendered
+
+.PHONY: demo test gpu-test lint workflows prometheus clean install plan-diff image render render-check pulumi-env \
+	publish-render
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +52,22 @@ install: $(STAMP)
 # What a pull request changes in each stack's offline plan: make plan-diff BASE=<base commit>
 plan-diff: $(STAMP)
 	.ci/plan-diff $(BASE)
+
+# Every stack's render (spotray render), committed so that a pull request shows what it changes in the cluster.
+render: $(STAMP)
+	for stack in $(STACKS); do $(BIN)/spotray render --stack $$stack --out $(RENDERED)/$$stack || exit 1; done
+
+# Fails where the committed render is not what the code renders now.
+render-check: $(STAMP)
+	for stack in $(STACKS); do $(BIN)/spotray render --stack $$stack --out $(RENDERED)/$$stack --check || exit 1; done
+
+# STACK's state backend and whether it has pipeline roles, as key=value lines for $$GITHUB_OUTPUT.
+pulumi-env: $(STAMP)
+	@$(BIN)/spotray pulumi-env --stack $(STACK)
+
+# STACK's render committed to its environment branch rendered/STACK, which its cluster's GitOps controller follows.
+publish-render: $(STAMP)
+	.ci/publish-render $(STACK)
 
 # The training image at TAG (the commit SHA) in STACK's ECR repository; prints image=<reference> for the pipeline.
 image:

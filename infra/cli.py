@@ -38,12 +38,33 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 def _cmd_render(args: argparse.Namespace) -> None:
     _require_pulumi("render")
     from infra.kernel.config import load_stack_file
-    from infra.render import render, write
+    from infra.render import render, stale, write
 
-    rendered = render(load_stack_file(Path(args.project_dir), args.stack))
+    cfg = load_stack_file(Path(args.project_dir), args.stack)
+    rendered = render(cfg)
+    if args.check:
+        differ = stale(rendered, Path(args.out))
+        if differ:
+            raise SpotrayError(f"render of stack {args.stack} in {args.out} is stale: {', '.join(differ[:8])}"
+                               f"{' ...' if len(differ) > 8 else ''}; run `make render` and commit the result")
+        print(f"render of stack {args.stack} in {args.out} is current")
+        return
     write(rendered, Path(args.out))
     print(f"rendered {len(rendered.objects)} objects and {len(rendered.releases)} Helm releases of stack "
           f"{args.stack} into {args.out}; {len(rendered.secrets)} Secrets to provide: {args.out}/required-secrets.yaml")
+    if cfg.gitops.controller:
+        print(f"{cfg.gitops.controller}: apply {args.out}/gitops/ once where the controller runs")
+    if cfg.gitops.controller == "flux" and rendered.releases:
+        print(f"flux: the {len(rendered.releases)} Helm releases under {args.out}/helm/ are not applied by the "
+              "Kustomization: install them with Flux's helm-controller, or with `pulumi up`")
+
+
+def _cmd_pulumi_env(args: argparse.Namespace) -> None:
+    from infra.kernel.config import load_stack_file
+
+    gitops = load_stack_file(Path(args.project_dir), args.stack).gitops
+    print(f"backend-url={gitops.state_backend}\nsecrets-provider={gitops.secrets_provider}\n"
+          f"organization={gitops.organization}\nroles={str(gitops.roles).lower()}")
 
 
 def _cmd_submit(args: argparse.Namespace) -> None:
@@ -67,8 +88,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="offline: the stack's Kubernetes objects as YAML files for GitOps")
     p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     p.add_argument("--out", required=True, help="directory to write (new, empty, or an earlier render)")
+    p.add_argument("--check", action="store_true", help="write nothing; fail if --out differs from a fresh render")
     p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
     p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("pulumi-env", help="the stack's Pulumi state backend and whether it has pipeline roles, "
+                       "as key=value lines for $GITHUB_OUTPUT")
+    p.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    p.add_argument("--project-dir", default=".", help="directory of Pulumi.yaml (default: current)")
+    p.set_defaults(func=_cmd_pulumi_env)
 
     p = sub.add_parser("submit", help="submit a training RayJob to the current kube-context (kubectl)")
     p.add_argument("--stack", required=True, help="the stack whose cluster it runs on: pools, storage, image")

@@ -7,18 +7,23 @@ Layout of the output directory, sorted and stable so that diffs are reviewable:
   in ``kustomization.yaml``;
 - ``helm/<namespace>-<release>/values.yaml`` and ``release.yaml`` (chart, repository, version, namespace);
 - ``required-secrets.yaml``: Secrets that Pulumi generates, named with their keys but never their values, for a
-  secret manager (External Secrets, Sealed Secrets, SOPS) to provide.
+  secret manager (External Secrets, Sealed Secrets, SOPS) to provide;
+- ``gitops/<kind>-<name>.yaml``: with ``spotray:gitops.controller``, what that controller needs to apply this
+  render from its environment branch (``infra/gitops.py``), applied once where the controller runs.
 CRDs (KubeRay's) are not rendered: ``crds.txt`` lists their URLs, to apply server-side before the objects."""
 
 from __future__ import annotations
 
+import filecmp
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from infra.gitops import controller_objects
 from infra.kernel.config import StackConfig
 from infra.kernel.versions import KUBERAY_CRDS
 from infra.plan import SECRET, Plan, PlannedResource, plan
@@ -28,7 +33,7 @@ LAYERS = ("spotray:cluster:", "spotray:monitoring:")
 _HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 _SECRET = "kubernetes:core/v1:Secret"
 _MARKER = "# Rendered by `spotray render`"
-_OWNED = ("objects", "helm", "kustomization.yaml", "required-secrets.yaml", "crds.txt")
+_OWNED = ("objects", "helm", "gitops", "kustomization.yaml", "required-secrets.yaml", "crds.txt")
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,12 @@ class Rendered:
     objects: dict[str, dict]  # relative path -> Kubernetes object
     releases: dict[str, dict]  # relative directory -> {"release": ..., "values": ...}
     secrets: list[dict]  # {"namespace", "name", "keys"}
+    controller: list[dict]  # the GitOps controller's objects
 
 
-def render(cfg: StackConfig) -> Rendered:
-    """The in-cluster layer of ``cfg`` as data."""
-    layer = _layer(plan(cfg))
+def render(cfg: StackConfig, planned: Plan | None = None) -> Rendered:
+    """The in-cluster layer of ``cfg`` as data; ``planned``: ``plan(cfg)`` where the caller has it already."""
+    layer = _layer(planned or plan(cfg))
     objects, releases, secrets = {}, {}, []
     for r in layer:
         if r.type == _HELM_RELEASE:
@@ -56,7 +62,8 @@ def render(cfg: StackConfig) -> Rendered:
                 raise SpotrayError(f"render: two objects would be written to {path}")
             objects[path] = obj
     secrets.sort(key=lambda s: (s["namespace"], s["name"]))
-    return Rendered(dict(sorted(objects.items())), dict(sorted(releases.items())), secrets)
+    objects, releases = dict(sorted(objects.items())), dict(sorted(releases.items()))
+    return Rendered(objects, releases, secrets, controller_objects(cfg, objects, releases))
 
 
 def write(rendered: Rendered, out: Path) -> list[Path]:
@@ -73,6 +80,8 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
 
     for relative, obj in rendered.objects.items():
         put(relative, obj)
+    for obj in rendered.controller:
+        put(f"gitops/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml", obj)
     for directory, release in rendered.releases.items():
         put(f"{directory}/release.yaml", release["release"])
         put(f"{directory}/values.yaml", release["values"])
@@ -82,6 +91,20 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
     put("kustomization.yaml", {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                                "resources": list(rendered.objects)}, f"{_MARKER}; do not edit.\n")
     return written
+
+
+def stale(rendered: Rendered, out: Path) -> list[str]:
+    """The files under ``out`` that differ from ``rendered``, are missing, or are left over; [] when current."""
+    with tempfile.TemporaryDirectory() as fresh:
+        write(rendered, Path(fresh))
+        return _differences(filecmp.dircmp(fresh, out), "")
+
+
+def _differences(cmp: filecmp.dircmp, prefix: str) -> list[str]:
+    found = [f"{prefix}{name}" for name in cmp.left_only + cmp.right_only + cmp.diff_files + cmp.funny_files]
+    for name, sub in cmp.subdirs.items():
+        found += _differences(sub, f"{prefix}{name}/")
+    return sorted(found)
 
 
 def _layer(result: Plan) -> list[PlannedResource]:

@@ -46,8 +46,7 @@ def _strict(schema: dict) -> dict:
 def validate_custom_resource(obj: dict, crd_file: str) -> None:
     """Raises jsonschema.ValidationError naming the first field that the CRD rejects."""
     version = obj["apiVersion"].rsplit("/", 1)[1]
-    body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-    jsonschema.Draft7Validator(_crd_schema(crd_file, version)).validate(body)
+    jsonschema.Draft7Validator(_crd_schema(crd_file, version)).validate(obj)
 
 
 @cache

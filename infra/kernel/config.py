@@ -29,6 +29,7 @@ PLATFORMS = ("aws", "existing")
 # NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
 GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
 CAPACITY_TYPES = ("spot", "on-demand")
+GITOPS_CONTROLLERS = ("argocd", "flux", "pulumi-operator")
 MIN_KUBERNETES_MINOR = 30
 _GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -295,22 +296,48 @@ class TrainingJobConfig(Section):
 @dataclass(frozen=True)
 class GitOpsConfig(Section):
     """How pipelines reach the stack (``infra/aws/github.py``): with ``roles``, GitHub's OIDC provider (or the
-    account's, ``oidc_provider_arn``), a deploy role and a read-only preview role; no long-lived AWS keys."""
+    account's, ``oidc_provider_arn``), a deploy role and a read-only preview role; no long-lived AWS keys.
+    ``controller``: the in-cluster GitOps objects ``spotray render`` adds (``infra/gitops.py``). The Pulumi state
+    lives in Pulumi Cloud (``organization``) or in ``state_backend`` (``s3://``) with ``secrets_provider``."""
 
     repository: str = setting("repository", "")  # owner/name on GitHub
     roles: bool = setting("roles", False)
     oidc_provider_arn: str = setting("oidcProviderArn", "")  # an account holds one provider per URL: reuse it
+    controller: str = setting("controller", "")  # argocd, flux or pulumi-operator; empty: none
+    organization: str = setting("organization", "")  # Pulumi Cloud organization (no state_backend)
+    state_backend: str = setting("stateBackend", "")  # s3://bucket/prefix; empty: Pulumi Cloud
+    secrets_provider: str = setting("secretsProvider", "")  # awskms://... with an s3:// state backend
 
     def __post_init__(self):
         self.require(not self.repository or bool(_GITHUB_REPOSITORY.match(self.repository)), "repository",
                      f"{self.repository!r} is not a GitHub repository", "write it as owner/name, e.g. acme/spotray")
-        self.require(not self.roles or bool(self.repository), "repository", "is empty while roles is true",
+        self.require(not (self.roles or self.controller) or bool(self.repository), "repository",
+                     "is empty while roles or a controller is set",
                      "set it to the owner/name of the repository whose workflows deploy this stack")
         self.require(not self.oidc_provider_arn or self.oidc_provider_arn.startswith("arn:aws:iam::")
                      and self.oidc_provider_arn.endswith(f":oidc-provider/{GITHUB_OIDC_HOST}"),
                      "oidc_provider_arn", f"{self.oidc_provider_arn!r} is not GitHub's OIDC provider",
                      f"use arn:aws:iam::<account>:oidc-provider/{GITHUB_OIDC_HOST}, or leave it out "
                      "to create the provider")
+        self.require(self.controller in ("", *GITOPS_CONTROLLERS), "controller", f"is {self.controller!r}",
+                     f"use one of {', '.join(GITOPS_CONTROLLERS)}, or leave it out")
+        self._check_state_backend()
+
+    def _check_state_backend(self) -> None:
+        if self.state_backend:
+            self.require(self.state_backend.startswith("s3://") and len(self.state_backend) > 5, "state_backend",
+                         f"{self.state_backend!r} is not an s3:// URL",
+                         "write s3://<bucket>[/prefix], or leave it out for Pulumi Cloud")
+            self.require(self.secrets_provider.startswith("awskms://"), "secrets_provider",
+                         f"is {self.secrets_provider!r} with an s3:// state backend",
+                         "set awskms://alias/<key alias>?region=<region> (the passphrase provider needs a "
+                         "long-lived secret)")
+            return
+        self.require(not self.secrets_provider, "secrets_provider", "is set without a state_backend",
+                     "leave it out: Pulumi Cloud encrypts the state's secrets")
+        self.require(not (self.roles or self.controller == "pulumi-operator") or bool(self.organization),
+                     "organization", "is empty while the state lives in Pulumi Cloud",
+                     "set your Pulumi Cloud organization, or set state_backend: s3://<bucket> with secrets_provider")
 
 
 @dataclass(frozen=True)
@@ -341,6 +368,10 @@ class StackConfig(Section):
                      f"use one of {', '.join(PLATFORMS)}")
         self.require(self.environment != "prod" or self.protect, "protect", "is false in a prod stack",
                      "set spotray:protect: true (deletion protection, retain on delete)")
+        self.require(not self.gitops.roles or not self.stack or self.environment == self.stack, "environment",
+                     f"is {self.environment!r} in stack {self.stack!r}, but a deploy job's GitHub environment is "
+                     "its stack's name", f"name the stack {self.environment!r}, or set spotray:environment: "
+                     f"{self.stack} (a stack per environment: {', '.join(ENVIRONMENTS)})")
         names = [p.name for p in self.gpu_pools]
         self.require(len(set(names)) == len(names), "gpu_pools", f"names repeat: {names}",
                      "give each pool its own name")

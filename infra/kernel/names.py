@@ -62,3 +62,14 @@ def from_namespace(namespace: str) -> dict:
 # GitHub Actions' OIDC issuer, and the audience its tokens carry for AWS STS.
 GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
 GITHUB_OIDC_AUDIENCE = "sts.amazonaws.com"
+
+# In-cluster GitOps: the branch the program deploys from, the environment branch each stack's render is published
+# to (in promotion order), and where each controller keeps its objects.
+PROGRAM_BRANCH = "main"
+ARGOCD_NAMESPACE = "argocd"
+FLUX_NAMESPACE = "flux-system"
+PULUMI_OPERATOR_NAMESPACE = "pulumi-kubernetes-operator"
+
+
+def render_branch(stack: str) -> str:
+    return f"rendered/{stack}"

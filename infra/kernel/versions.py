@@ -23,9 +23,13 @@ RAY_VERSION = "2.60.0"
 RAY_GPU_IMAGE = f"rayproject/ray:{RAY_VERSION}-py311-gpu"
 
 KUBERAY_OPERATOR = Chart("kuberay-operator", "https://ray-project.github.io/kuberay-helm/", "1.7.0")
-KUBERAY_CRDS = tuple(  # applied server-side before the chart: the rayjobs CRD is too large for client-side apply
-    f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_OPERATOR.version}/ray-operator/config/crd/"
-    f"bases/ray.io_{kind}.yaml" for kind in ("rayclusters", "rayjobs", "rayservices"))
+# KubeRay's CRDs, applied server-side before the chart (the rayjobs CRD is too large for client-side apply): files
+# of its git repository at the chart's version.
+KUBERAY_GIT = "https://github.com/ray-project/kuberay.git"
+KUBERAY_CRD_DIR = "ray-operator/config/crd/bases"
+KUBERAY_CRD_FILES = tuple(f"ray.io_{kind}.yaml" for kind in ("rayclusters", "rayjobs", "rayservices"))
+KUBERAY_CRDS = tuple(f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_OPERATOR.version}/"
+                     f"{KUBERAY_CRD_DIR}/{file}" for file in KUBERAY_CRD_FILES)
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.20.0")
 MINIO = Chart("minio", "oci://registry-1.docker.io/bitnamicharts", "17.0.23")
 

@@ -1,6 +1,8 @@
 """``spotray render``: the stack's in-cluster objects as files, valid for the stack's Kubernetes version and the
 pinned CRDs and charts, stable across runs, and the very objects ``pulumi up`` creates."""
 
+import shutil
+
 import kubernetes_validate
 import pytest
 import yaml
@@ -10,10 +12,10 @@ from infra.cli import main
 from infra.kernel.config import load_stack_file
 from infra.kernel.names import TRAINING_NAMESPACE
 from infra.kernel.versions import DCGM_EXPORTER, KUBE_PROMETHEUS_STACK, KUBERAY_OPERATOR, MINIO, NVIDIA_DEVICE_PLUGIN
-from infra.render import render, write
+from infra.render import render, stale, write
 from monitoring.objects import monitoring_manifests
 from tests.cluster.stacks import stack
-from tests.repo import REPO
+from tests.repo import REPO, STACKS
 from tests.schemas import pinned_chart_values, unknown_values_keys, validate_custom_resource
 from training.errors import SpotrayError
 
@@ -22,10 +24,10 @@ CRDS = {"RayJob": "kuberay-v1.7.0_ray.io_rayjobs.yaml", "RayCluster": "kuberay-v
         "PrometheusRule": "prometheus-operator-v0.93.1_prometheusrules.yaml"}
 # The pinned charts whose values.yaml ../shared holds (DCGM's is not there).
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory):
-    cfg = load_stack_file(REPO, "dev")
+def dev(tmp_path_factory, stack_plans):
+    cfg, planned = stack_plans["dev"]
     out = tmp_path_factory.mktemp("render") / "dev"
-    write(render(cfg), out)
+    write(render(cfg, planned), out)
     return cfg, out
 
 
@@ -135,3 +137,21 @@ def test_the_command_renders_an_existing_cluster_stack_offline(tmp_path, capsys)
     assert main(["render", "--stack", "existing", "--out", str(tmp_path / "out"), "--project-dir", str(REPO)]) == 0
     assert "Helm releases" in capsys.readouterr().out
     assert (tmp_path / "out" / "objects" / "_cluster" / "namespace-spotray.yaml").is_file()
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_the_committed_render_of_every_stack_is_what_the_code_renders(name, stack_plans):
+    differ = stale(render(*stack_plans[name]), REPO / "cluster" / "rendered" / name)
+    assert differ == [], f"cluster/rendered/{name} is stale, run `make render`: {differ}"
+
+
+def test_a_stale_render_is_named_file_by_file_and_fails_the_check(dev, tmp_path, capsys):
+    cfg, out = dev
+    copy = tmp_path / "dev"
+    shutil.copytree(out, copy)
+    (copy / "crds.txt").write_text("edited by hand\n")
+    (copy / "objects" / "spotray" / "configmap-old.yaml").write_text("kind: ConfigMap\n")
+    (copy / "required-secrets.yaml").unlink()
+    assert stale(render(cfg), copy) == ["crds.txt", "objects/spotray/configmap-old.yaml", "required-secrets.yaml"]
+    assert main(["render", "--stack", "dev", "--out", str(copy), "--check", "--project-dir", str(REPO)]) == 2
+    assert "is stale: crds.txt" in capsys.readouterr().err and (copy / "crds.txt").read_text() == "edited by hand\n"

@@ -45,8 +45,8 @@ def test_each_stack_deploy_role_admits_only_its_repository_environment_and_previ
 
 def test_an_account_that_has_the_provider_reuses_it():
     arn = "arn:aws:iam::210987654321:oidc-provider/token.actions.githubusercontent.com"
-    cfg = from_values("spotray", "staging", values(gitops={"repository": "acme/ml", "roles": True,
-                                                           "oidcProviderArn": arn}), "us-west-2")
+    gitops = {"repository": "acme/ml", "roles": True, "organization": "acme", "oidcProviderArn": arn}
+    cfg = from_values("spotray", "staging", values(gitops=gitops), "us-west-2")
     result = plan(cfg)
     assert github_providers(result) == []
     assert {trust(r)["Principal"]["Federated"] for r in result.of_type("aws:iam/role:Role")
@@ -68,6 +68,7 @@ def test_bad_gitops_settings_name_the_key_and_the_fix(gitops, key, fix):
 
 def test_roles_on_an_existing_cluster_are_refused():
     with pytest.raises(ConfigError) as err:
-        from_values("spotray", "dev", {"platform": "existing", "gitops": {"repository": "acme/ml", "roles": True}},
+        from_values("spotray", "dev", {"platform": "existing", "gitops": {"repository": "acme/ml", "roles": True,
+                                                                   "organization": "acme"}},
                     None)
     assert err.value.field == "spotray:gitops.roles" and "no AWS account" in str(err.value)

@@ -12,6 +12,7 @@ from tests.repo import REPO
 
 WORKFLOWS = REPO / ".github" / "workflows"
 REUSABLE = "./.github/workflows/deploy-stack.yml"
+PUBLISH = "./.github/workflows/publish-render.yml"
 OIDC_ACTIONS = ("aws-actions/configure-aws-credentials", "pulumi/auth-actions")
 PINNED = re.compile(r"^\s*(?:- )?uses: ([\w.-]+/[\w./-]+)@([0-9a-f]{40}) # v\d+\.\d+\.\d+$")
 
@@ -39,10 +40,23 @@ def test_merges_to_main_promote_dev_then_staging_then_prod_through_the_stack_env
     assert deploy["on"] == {"push": {"branches": ["main"]}}
     jobs = deploy["jobs"]
     assert {name: (job["uses"], job["with"]["stack"], job.get("needs")) for name, job in jobs.items()} == {
-        "dev": (REUSABLE, "dev", None), "staging": (REUSABLE, "staging", "dev"), "prod": (REUSABLE, "prod", "staging")}
+        "dev": (REUSABLE, "dev", None), "staging": (REUSABLE, "staging", "dev"), "prod": (REUSABLE, "prod", "staging"),
+        "render-dev": (PUBLISH, "dev", "dev"), "render-existing": (PUBLISH, "existing", "dev"),
+        "render-staging": (PUBLISH, "staging", "staging"), "render-prod": (PUBLISH, "prod", "prod")}
     (up,) = workflow("deploy-stack.yml")["jobs"].values()
     assert up["environment"] == "${{ inputs.stack }}"  # prod's environment holds the required reviewers
     assert up["concurrency"] == {"group": "pulumi-${{ inputs.stack }}", "cancel-in-progress": False}
+
+
+def test_every_stack_render_is_published_to_its_environment_branch_one_push_at_a_time():
+    stacks = sorted(p.name.split(".")[1] for p in REPO.glob("Pulumi.*.yaml"))
+    jobs = workflow("deploy.yml")["jobs"].values()
+    published = sorted(job["with"]["stack"] for job in jobs if job["uses"] == PUBLISH)
+    assert published == stacks
+    (publish,) = workflow("publish-render.yml")["jobs"].values()
+    assert publish["concurrency"] == {"group": "render-${{ inputs.stack }}", "cancel-in-progress": False}
+    assert publish["permissions"] == {"contents": "write"}
+    assert publish["steps"][-1]["run"] == 'make publish-render STACK="$STACK"'
 
 
 def test_the_deploy_sets_the_image_it_built_at_this_commit_never_latest():
@@ -56,15 +70,31 @@ def test_the_deploy_sets_the_image_it_built_at_this_commit_never_latest():
     assert "latest" not in (WORKFLOWS / "deploy-stack.yml").read_text()
 
 
-def test_pull_requests_run_the_tests_diff_the_plans_and_preview_every_aws_stack_on_the_pr():
+def test_pull_requests_test_diff_the_plans_check_the_render_and_preview_the_stacks_that_changed():
     jobs = workflow("pull-request.yml")["jobs"]
     runs = {name: [s["run"] for s in job["steps"] if "run" in s] for name, job in jobs.items()}
     assert runs["test"] == ["make test"]
     assert runs["plan-diff"] == ["make install", 'make plan-diff BASE="$BASE_SHA"']
-    assert jobs["preview"]["strategy"]["matrix"]["stack"] == ["dev", "staging", "prod"]
-    preview = next(s for s in jobs["preview"]["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
-    assert {k: preview["with"][k] for k in ("command", "stack-name", "policyPacks", "comment-on-pr")} == {
+    assert runs["render-check"] == ["make install", "make render-check"]
+    preview = jobs["preview"]
+    assert jobs["plan-diff"]["outputs"]["stacks"] == "${{ steps.diff.outputs.stacks }}"
+    assert preview["needs"] == "plan-diff" and preview["if"] == "needs.plan-diff.outputs.stacks != '[]'"
+    assert preview["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.plan-diff.outputs.stacks) }}"
+    pulumi = next(s for s in preview["steps"] if s.get("uses", "").startswith("pulumi/actions@"))
+    assert {k: pulumi["with"][k] for k in ("command", "stack-name", "policyPacks", "comment-on-pr")} == {
         "command": "preview", "stack-name": "${{ matrix.stack }}", "policyPacks": "policy", "comment-on-pr": True}
+
+
+@pytest.mark.parametrize(("name", "job"), [("pull-request.yml", "preview"), ("deploy-stack.yml", "up")])
+def test_the_state_backend_comes_from_the_stack_file_and_pulumi_cloud_only_without_one(name, job):
+    steps = workflow(name)["jobs"][job]["steps"]
+    backend = next(s for s in steps if s.get("id") == "backend")
+    assert backend["run"] == 'make pulumi-env STACK="$STACK" >> "$GITHUB_OUTPUT"'
+    auth = next(s for s in steps if s.get("uses", "").startswith("pulumi/auth-actions@"))
+    assert auth["if"] == "steps.backend.outputs.backend-url == ''"
+    pulumi = [s for s in steps if s.get("uses", "").startswith("pulumi/actions@") and "with" in s][-1]
+    assert pulumi["with"]["cloud-url"] == "${{ steps.backend.outputs.backend-url }}"
+    assert pulumi["with"]["secrets-provider"] == "${{ steps.backend.outputs.secrets-provider }}"
 
 
 @pytest.mark.parametrize("path", sorted(WORKFLOWS.glob("*.yml")), ids=lambda p: p.name)
@@ -80,9 +110,10 @@ def test_only_jobs_that_reach_aws_or_pulumi_cloud_may_mint_an_oidc_token():
     for name, job_name, job in jobs_with_steps():
         uses_oidc = any(s.get("uses", "").startswith(OIDC_ACTIONS) for s in job["steps"])
         assert (job["permissions"].get("id-token") == "write") == uses_oidc, f"{name}: {job_name}"
-        assert job["permissions"].get("contents") == "read", f"{name}: {job_name}"
-    callers = [job for job in workflow("deploy.yml")["jobs"].values()]
-    assert all(job["permissions"] == {"contents": "read", "id-token": "write"} for job in callers)
+        assert job["permissions"].get("contents") == ("write" if name == "publish-render.yml" else "read"), \
+            f"{name}: {job_name}"
+    callers = {job["uses"]: job["permissions"] for job in workflow("deploy.yml")["jobs"].values()}
+    assert callers == {REUSABLE: {"contents": "read", "id-token": "write"}, PUBLISH: {"contents": "write"}}
 
 
 def test_every_run_step_calls_a_make_target_of_this_repository():
@@ -92,4 +123,4 @@ def test_every_run_step_calls_a_make_target_of_this_repository():
             if "run" in step:
                 words = shlex.split(step["run"])
                 assert words[0] == "make" and words[1] in targets, f"{name}: {job_name}: {step['run']}"
-    assert {"test", "install", "plan-diff", "image"} <= targets
+    assert {"test", "install", "plan-diff", "image", "render-check", "pulumi-env", "publish-render"} <= targets
