@@ -25,6 +25,7 @@ from infra.kernel.names import (
     SUBMITTER_COMPONENT,
     TRAINING_COMPONENT,
     TRAINING_NAMESPACE,
+    TRAINING_PRIORITY_CLASS,
     TRAINING_SERVICE_ACCOUNT,
     minio_endpoint,
 )
@@ -151,6 +152,11 @@ def _resources(cpus: int, memory_gib: int, gpus: int = 0) -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+def worker_resources(job: TrainingJobConfig) -> dict:
+    """One training worker's requests and limits (a warm spare holds the same)."""
+    return _resources(job.cpus_per_worker, job.memory_gib_per_worker, job.gpus_per_worker)
+
+
 def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
     return {
         "serviceType": "ClusterIP",  # 6379, 8265 and 10001 stay inside the cluster
@@ -184,6 +190,7 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
             "metadata": {"labels": _labels(name), "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "spec": {
                 "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+                "priorityClassName": TRAINING_PRIORITY_CLASS,  # above the pool's warm spares
                 "nodeSelector": {POOL_LABEL: settings.gpu_pool},
                 "tolerations": [GPU_TOLERATION],
                 # The spot notice covers Ray's drain (the emergency checkpoint) plus the pod's own exit.
@@ -192,7 +199,7 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                     "name": "ray-worker", "image": settings.image,
                     "env": [*env, {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
                                    "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
-                    "resources": _resources(job.cpus_per_worker, job.memory_gib_per_worker, job.gpus_per_worker),
+                    "resources": worker_resources(job),
                     "ports": METRICS_PORTS["worker"],
                 }],
             },

@@ -1,5 +1,6 @@
-"""The training namespace (its service account and the Ray head's NetworkPolicy), and the training RayJob with its
-config map, from the pure builders in ``cluster/rayjob.py`` and ``cluster/network_policy.py``."""
+"""The training namespace (its service account, the Ray head's NetworkPolicy and the training and warm-spare
+priorities), and the training RayJob with its config map, from the pure builders in ``cluster/rayjob.py``,
+``cluster/network_policy.py`` and ``cluster/warm_spares.py``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import pulumi_kubernetes as k8s
 
 from cluster.network_policy import ray_head_policy
 from cluster.rayjob import JobSettings, config_map, rayjob
+from cluster.warm_spares import priority_classes
 from infra.kernel.resources import from_manifest
 from training.config import TrainConfig
 
 
 class TrainingNamespace(pulumi.ComponentResource):
     """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket, and
-    its NetworkPolicy keeps every Ray head in it closed to all but Ray pods, KubeRay and Prometheus."""
+    its NetworkPolicy keeps every Ray head in it closed to all but Ray pods, KubeRay and Prometheus. Training
+    workers run at a priority above the warm spares'."""
 
     def __init__(self, name: str, namespace: str, service_account: str, monitoring_namespace: str,
                  opts: pulumi.ResourceOptions | None = None):
@@ -27,6 +30,9 @@ class TrainingNamespace(pulumi.ComponentResource):
         policy = ray_head_policy(namespace, monitoring_namespace)
         k8s.networking.v1.NetworkPolicy(f"{name}-ray-head-policy", metadata=policy["metadata"], spec=policy["spec"],
                                         opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
+        for priority_class in priority_classes():
+            from_manifest(f"{name}-{priority_class['metadata']['name']}", priority_class,
+                          pulumi.ResourceOptions(parent=self))
         self.register_outputs({"namespace": namespace})
 
 

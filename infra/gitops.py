@@ -63,7 +63,8 @@ def _metadata(cfg: StackConfig, namespace: str) -> dict:
 def _argocd(cfg: StackConfig, objects: dict[str, dict], releases: dict[str, dict]) -> list[dict]:
     helm = [_helm_element(cfg, directory, release["release"]) for directory, release in releases.items()]
     repos = {git_url(cfg), KUBERAY_GIT} | {element["repoURL"] for element in helm}
-    cluster_kinds = {("", obj["kind"]) for obj in objects.values() if "namespace" not in obj["metadata"]}
+    cluster_kinds = {(obj["apiVersion"].rpartition("/")[0], obj["kind"]) for obj in objects.values()
+                     if "namespace" not in obj["metadata"]}
     project = {
         "apiVersion": "argoproj.io/v1alpha1", "kind": "AppProject", "metadata": _metadata(cfg, ARGOCD_NAMESPACE),
         "spec": {

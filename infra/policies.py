@@ -11,9 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from infra.kernel.config import GPU_FAMILIES, NAMESPACE
-from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST, GPU_TAINT, ON_DEMAND_FALLBACK_LABEL
+from infra.kernel.names import (
+    COMPONENT_LABEL,
+    GITHUB_OIDC_AUDIENCE,
+    GITHUB_OIDC_HOST,
+    GPU_TAINT,
+    ON_DEMAND_FALLBACK_LABEL,
+    POOL_LABEL,
+    WARM_SPARE_COMPONENT,
+)
 
 NODE_POOL = "kubernetes:karpenter.sh/v1:NodePool"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 RAY_PORTS = (6379, 8265, 10001)  # GCS, dashboard/job API, Ray client: never on the internet
 OPEN_CIDRS = ("0.0.0.0/0", "::/0")
 STATEFUL = ("aws:s3/bucket:Bucket", "aws:eks/cluster:Cluster", "aws:kms/key:Key", "aws:ecr/repository:Repository")
@@ -67,6 +76,22 @@ def gpu_pools_are_tainted_spot(resources: list[Resource], environment: str) -> l
             found.append(f"NodePool {pool.name}: GPU nodes without the nvidia.com/gpu NoSchedule taint")
         if "spot" not in _requirement(pool, "karpenter.sh/capacity-type"):
             found.append(f"NodePool {pool.name}: GPU pool without spot capacity")
+    return found
+
+
+def warm_spares_only_on_spot_pools(resources: list[Resource], environment: str) -> list[str]:
+    """Warm spares keep GPU nodes idle on purpose: only on a pool of this stack that buys spot capacity."""
+    pools = {pool.props.get("metadata", {}).get("name"): pool for pool in _of(resources, NODE_POOL)}
+    found = []
+    for deployment in _of(resources, DEPLOYMENT):
+        template = deployment.props.get("spec", {}).get("template", {})
+        if template.get("metadata", {}).get("labels", {}).get(COMPONENT_LABEL) != WARM_SPARE_COMPONENT:
+            continue
+        name = template.get("spec", {}).get("nodeSelector", {}).get(POOL_LABEL)
+        if name not in pools:
+            found.append(f"Deployment {deployment.name}: warm spares on {name!r}, which is no NodePool of this stack")
+        elif "spot" not in _requirement(pools[name], "karpenter.sh/capacity-type"):
+            found.append(f"Deployment {deployment.name}: warm spares on NodePool {name}, which has no spot capacity")
     return found
 
 
@@ -190,6 +215,8 @@ def prod_state_is_protected(resources: list[Resource], environment: str) -> list
 POLICIES = (
     Policy("gpu-pools-tainted-spot", "GPU node pools are tainted nvidia.com/gpu and include spot capacity",
            gpu_pools_are_tainted_spot),
+    Policy("warm-spares-on-spot", "Warm spare GPU nodes are held only on pools of spot capacity",
+           warm_spares_only_on_spot_pools),
     Policy("on-demand-gpus-only-when-configured", "Nothing runs on-demand GPUs unless a pool's config allows it",
            on_demand_gpus_only_when_configured),
     Policy("buckets-encrypted-private", "S3 buckets are encrypted by default and block all public access",

@@ -11,6 +11,7 @@ from cluster.addons import GpuPlumbing, KubeRayOperator
 from cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from cluster.rayjob import job_settings
 from cluster.training_job import TrainingJob, TrainingNamespace
+from cluster.warm_spares import WarmSpares
 from infra.aws.eks import Cluster, ClusterArgs
 from infra.aws.github import GitHubRoles, GitHubRolesArgs
 from infra.aws.karpenter import Karpenter, KarpenterArgs
@@ -57,7 +58,8 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
 
 def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> None:
     """The layers every stack installs into Kubernetes: monitoring (or monitors for the Prometheus already there),
-    KubeRay, GPU plumbing, the training namespace, MinIO when it is the store, and the training job when enabled.
+    KubeRay, GPU plumbing, the training namespace, MinIO when it is the store, the pools' warm spares, and the
+    training job when enabled.
     """
     monitoring = cfg.monitoring
     if monitoring.mode == "install":  # its CRDs come first: every add-on below brings a ServiceMonitor
@@ -76,6 +78,10 @@ def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulum
         store = ObjectStoreArgs(TRAINING_NAMESPACE, cfg.bucket, cfg.storage, monitoring)
         ready.append(MinioObjectStore("minio", store, opts=pulumi.ResourceOptions(
             providers=[provider], depends_on=[*depends_on, namespace])))
+    spare_pools = tuple(pool for pool in cfg.gpu_pools if pool.warm_spares)
+    if spare_pools:
+        WarmSpares("warm-spares", spare_pools, cfg.training, cfg.job_image(), TRAINING_NAMESPACE,
+                   opts=pulumi.ResourceOptions(providers=[provider], depends_on=[*depends_on, namespace]))
     if cfg.training.enabled:
         TrainingJob("training-job", cfg.training.run, job_settings(cfg),
                     opts=pulumi.ResourceOptions(providers=[provider], depends_on=ready))

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from training.errors import ConfigError
+from training.interval import AUTO
 from training.storage import StorageOptions
 
 MODEL_PRESETS = {  # (n_layer, n_head, n_embd) of the built-in GPT
@@ -154,14 +155,16 @@ class ScalingSection:
 @dataclass(frozen=True)
 class CheckpointSection:
     path: str = "./spotray-runs"
-    every_steps: int = 50
+    every_steps: int | str = 50  # or "auto": the Young–Daly interval (training/interval.py)
     keep_last: int = 3
     async_save: bool = False
     save_failure_budget_s: float = 900.0  # how long saves may keep failing (storage outage) before the run stops
 
     def __post_init__(self):
         _require(bool(self.path), "checkpoint.path", "is required", "give a local directory or s3://bucket/prefix")
-        _require(self.every_steps > 0, "checkpoint.every_steps", f"must be positive, got {self.every_steps}")
+        _require(self.every_steps == AUTO or isinstance(self.every_steps, int) and self.every_steps > 0,
+                 "checkpoint.every_steps", f"must be a positive number of steps or auto, got {self.every_steps!r}",
+                 "auto picks it from the measured save time and fault_tolerance.expected_interruptions_per_hour")
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.save_failure_budget_s >= 0, "checkpoint.save_failure_budget_s",
                  f"must be >= 0 seconds, got {self.save_failure_budget_s}", "0 stops the run at the first failed save")
@@ -183,6 +186,7 @@ class FaultToleranceSection:
     max_failures: int = 3
     max_preemptions: int = -1
     preemption_check_every_steps: int = 10
+    expected_interruptions_per_hour: float = 1.0  # what checkpoint.every_steps: auto plans for
 
     def __post_init__(self):
         for key in ("max_failures", "max_preemptions"):
@@ -190,6 +194,9 @@ class FaultToleranceSection:
             _require(value >= -1, f"fault_tolerance.{key}", f"must be -1 (infinite), 0 (off) or a count, got {value}")
         _require(self.preemption_check_every_steps > 0, "fault_tolerance.preemption_check_every_steps",
                  f"must be positive, got {self.preemption_check_every_steps}")
+        _require(self.expected_interruptions_per_hour > 0, "fault_tolerance.expected_interruptions_per_hour",
+                 f"must be positive, got {self.expected_interruptions_per_hour}",
+                 "give the pool's interruptions per hour, e.g. 0.5 (one every two hours)")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from training import config, goodput, ledger
 from training.data.prepare import prepare
 from training.drills.cluster import LocalCluster
 from training.errors import TrainingFailed
+from training.interval import nominal_every_steps
 from training.loop import run_root
 from training.report import plot_losses
 from training.storage import Location, resolve
@@ -82,7 +83,7 @@ def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
     cfg = config.load(demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={root_url}",
                                            f"run.name={run_name}", f"audit_dir={root_url}/audit/{run_name}",
                                            *overrides])
-    steps, every = cfg.train.max_steps, cfg.checkpoint.every_steps
+    steps, every = cfg.train.max_steps, nominal_every_steps(cfg.checkpoint.every_steps)
     plan = [("notice", steps // 3 + every // 2), ("kill", 2 * steps // 3 + every // 2)]
     run_dir = Path(run_root(cfg).path)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 from training import ledger
 from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
 from training.config import TrainConfig
+from training.interval import CheckpointInterval, nominal_every_steps
 from training.optim import allocate_state, build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
@@ -219,7 +220,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     checkpointer = Checkpointer(root, rank=env.rank, world_size=env.world_size, keep_last=cfg.checkpoint.keep_last,
                                 async_save=cfg.checkpoint.async_save,
                                 failure_budget_s=cfg.checkpoint.save_failure_budget_s,
-                                max_retry_gap=cfg.checkpoint.every_steps)
+                                max_retry_gap=nominal_every_steps(cfg.checkpoint.every_steps))
     candidates = checkpointer.committed()
     prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
     parts = build_parts(cfg, env, init_weights=not candidates)
@@ -307,7 +308,10 @@ class _StepLoop:
         self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
         self.pending_losses: list[tuple[int, torch.Tensor, int, float]] = []
-        self.timed_steps, self.timed_seconds = 0, 0.0
+        self.timed_steps, self.timed_seconds, self.last_step_s = 0, 0.0, 0.0
+        self.interval = CheckpointInterval(cfg.checkpoint.every_steps,
+                                           cfg.fault_tolerance.expected_interruptions_per_hour, self.last_step,
+                                           parts.progress.step)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -315,7 +319,7 @@ class _StepLoop:
             step = self._train_step()
             if step % cfg.train.log_every == 0 or step == self.last_step:
                 self._log(step)
-            if step % cfg.checkpoint.every_steps == 0 or self.checkpointer.retry_due(step):
+            if self.interval.due(step) or self.checkpointer.retry_due(step):
                 self._checkpoint(step)
             if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < self.last_step:
                 self._check_preemption(step)
@@ -329,7 +333,7 @@ class _StepLoop:
         upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
         batch = self.prefetch.get(ids, upcoming if parts.progress.step + 1 < self.last_step else None)
         loss, units = parts.step(batch)
-        seconds = time.perf_counter() - started
+        seconds = self.last_step_s = time.perf_counter() - started
         parts.progress.step += 1
         step = parts.progress.step
         self.pending_losses.append((step, loss, units, seconds))
@@ -361,7 +365,12 @@ class _StepLoop:
         self._flush_logs(durable=True)
         started = time.perf_counter()
         committed = self.checkpointer.save(step, self.parts.state)
-        self.telemetry.checkpoint(time.perf_counter() - started, self.checkpointer.last_save_s)
+        blocked = time.perf_counter() - started
+        self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
+        step_s = self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s
+        measured = (blocked, self.checkpointer.last_save_s or blocked, step_s)
+        self.interval.checkpointed(step, *(_slowest_rank(measured, self.env.device) if self.interval.auto
+                                           else measured))
         if committed:
             self.env.report({"step": committed.step})
 
@@ -439,6 +448,14 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
 def units_per_step(cfg: TrainConfig, task: Task) -> int:
     """The loss denominator of every step (tokens for a language model), over all ranks."""
     return cfg.train.global_batch_size * task.units_per_sample
+
+
+def _slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float]:
+    """Each value's maximum over the ranks, so that every rank computes the same checkpoint interval."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
 
 
 def _reduce_losses(pending: list[tuple[int, torch.Tensor, int, float]], per_step: int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from training.interval import AUTO
+
 
 def format_table(summary: dict) -> str:
     rows = [("event", "step", "lost steps", "resumed after")]
@@ -20,7 +22,8 @@ def format_table(summary: dict) -> str:
     lines.append("")
     lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
                  f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | "
-                 f"checkpoint every {summary['checkpoint_every_steps']} steps")
+                 f"checkpoint every {summary['checkpoint_every_steps']} steps"
+                 if summary["checkpoint_every_steps"] != AUTO else "checkpoint interval auto (Young–Daly)")
     return "\n".join(lines)
 
 

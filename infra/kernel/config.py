@@ -155,6 +155,7 @@ class GpuPoolConfig(Section):
     gpu_limit: int = setting("gpuLimit", 8)  # the most GPUs this pool may run at once
     on_demand_fallback: bool = setting("onDemandFallback", False)
     labels: Mapping[str, str] = setting("labels", factory=dict)
+    warm_spares: int = setting("warmSpares", 0)  # idle nodes held by placeholders, taken at once by a worker
 
     def __post_init__(self):
         self.require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
@@ -165,6 +166,8 @@ class GpuPoolConfig(Section):
         self.require(not unknown, "families", f"{unknown} are not GPU instance families",
                      f"use some of {', '.join(GPU_FAMILIES)}")
         self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
+        self.require(self.warm_spares >= 0, "warm_spares", f"is {self.warm_spares}",
+                     "use 0 (no spares) or the number of idle nodes to keep ready")
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
         self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
 
@@ -375,6 +378,8 @@ class StackConfig(Section):
         names = [p.name for p in self.gpu_pools]
         self.require(len(set(names)) == len(names), "gpu_pools", f"names repeat: {names}",
                      "give each pool its own name")
+        for index, pool in enumerate(self.gpu_pools):
+            self._check_warm_spares(index, pool)
         if self.platform == "aws":
             self._check_aws()
         else:
@@ -400,6 +405,17 @@ class StackConfig(Section):
                      f"use zones of {self.region}")
         _no_overlap(self, [("network.vpc_cidr", self.network.vpc_cidr),
                            ("kubernetes.service_cidr", self.kubernetes.service_cidr)])
+
+    def _check_warm_spares(self, index: int, pool: GpuPoolConfig) -> None:
+        key = f"{self._PREFIX}{key_of(StackConfig, 'gpu_pools')}[{index}].{key_of(GpuPoolConfig, 'warm_spares')}"
+        gpus = pool.warm_spares * self.training.gpus_per_worker
+        if gpus > pool.gpu_limit:
+            raise ConfigError(key, f"{pool.warm_spares} spares of {self.training.gpus_per_worker} GPU(s) each need "
+                                   f"{gpus} GPUs, over pool {pool.name}'s gpuLimit {pool.gpu_limit}",
+                              "lower warmSpares, or raise gpuLimit (the spares count against it)")
+        if pool.warm_spares and not self.training.image:
+            raise ConfigError(key, f"is {pool.warm_spares} but spotray:training.image is not set",
+                              "set training.image: the spares pull it so that a worker's node already has it")
 
     def job_image(self, override: str | None = None) -> str:
         """The training image: ``override`` (``spotray submit --image``) or the stack's."""

@@ -18,6 +18,11 @@ APP_LABEL, APP = "app.kubernetes.io/name", "spotray"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 TRAINING_COMPONENT = "training"  # Ray head and workers: the only pods that reach the object store
 SUBMITTER_COMPONENT = "submitter"
+WARM_SPARE_COMPONENT = "warm-spare"
+
+# Priorities on the GPU nodes: training workers evict warm spares (cluster/warm_spares.py)
+TRAINING_PRIORITY_CLASS = "spotray-training"
+WARM_SPARE_PRIORITY_CLASS = "spotray-warm-spare"
 
 # Node pools: labels, the GPU taint, and how AWS resources are found by Karpenter
 POOL_LABEL = "spotray.dev/pool"

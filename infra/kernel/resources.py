@@ -8,9 +8,17 @@ import pulumi_kubernetes as k8s
 
 
 def from_manifest(name: str, manifest: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """A ConfigMap, or a custom resource (RayJob, PodMonitor, PrometheusRule)."""
-    if manifest["kind"] == "ConfigMap":
-        return k8s.core.v1.ConfigMap(name, metadata=manifest["metadata"], data=manifest["data"], opts=opts)
+    """A ConfigMap, Deployment or PriorityClass, or a custom resource (RayJob, PodMonitor, PrometheusRule)."""
+    kind, metadata = manifest["kind"], manifest["metadata"]
+    if kind == "ConfigMap":
+        return k8s.core.v1.ConfigMap(name, metadata=metadata, data=manifest["data"], opts=opts)
+    if kind == "Deployment":
+        return k8s.apps.v1.Deployment(name, metadata=metadata, spec=manifest["spec"], opts=opts)
+    if kind == "PriorityClass":
+        return k8s.scheduling.v1.PriorityClass(name, metadata=metadata, value=manifest["value"],
+                                               global_default=manifest["globalDefault"],
+                                               description=manifest["description"],
+                                               preemption_policy=manifest.get("preemptionPolicy"), opts=opts)
     return k8s.apiextensions.CustomResource(name, api_version=manifest["apiVersion"], kind=manifest["kind"],
                                             metadata=manifest["metadata"], spec=manifest["spec"], opts=opts)
 

@@ -31,6 +31,7 @@ KUBERAY_CRD_FILES = tuple(f"ray.io_{kind}.yaml" for kind in ("rayclusters", "ray
 KUBERAY_CRDS = tuple(f"https://raw.githubusercontent.com/ray-project/kuberay/v{KUBERAY_OPERATOR.version}/"
                      f"{KUBERAY_CRD_DIR}/{file}" for file in KUBERAY_CRD_FILES)
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.20.0")
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # the warm spares' placeholder container
 MINIO = Chart("minio", "oci://registry-1.docker.io/bitnamicharts", "17.0.23")
 
 

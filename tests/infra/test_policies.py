@@ -5,9 +5,10 @@ import json
 
 import pytest
 
+from cluster.warm_spares import warm_spares
 from infra.aws.github import trust_statement
 from infra.aws.karpenter_manifests import gpu_node_pool
-from infra.kernel.config import GpuPoolConfig
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
 from infra.policies import POLICIES, Resource, violations
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "prod", "spotray:environment": "prod"}
@@ -19,6 +20,11 @@ def node_pool(edit=None) -> Resource:
     if edit:
         edit(manifest["spec"]["template"])
     return Resource("kubernetes:karpenter.sh/v1:NodePool", "pool", manifest)
+
+
+def spares(pool: str) -> Resource:
+    deployment = warm_spares(GpuPoolConfig(pool, ("g5",), warm_spares=1), TrainingJobConfig(), "x.io/t:1", "spotray")
+    return Resource("kubernetes:apps/v1:Deployment", f"spares-{pool}", deployment)
 
 
 def capacity(types):
@@ -57,6 +63,8 @@ CASES = {  # policy -> (passing resources, violating resources, environment)
     "on-demand-gpus-only-when-configured": (
         [node_pool(), Resource("aws:eks/nodeGroup:NodeGroup", "core", {"instanceTypes": ["m7i.xlarge"]})],
         [node_pool(capacity(["spot", "on-demand"]))], "dev"),
+    "warm-spares-on-spot": ([node_pool(capacity(["spot", "on-demand"])), spares("a10g")],
+                            [node_pool(capacity(["on-demand"])), spares("a10g")], "dev"),
     "buckets-encrypted-private": ([BUCKET, SSE, BLOCK], [BUCKET, BLOCK], "dev"),
     "eks-secrets-encrypted": ([CLUSTER], [Resource("aws:eks/cluster:Cluster", "eks", {"encryptionConfig": None})],
                               "dev"),
@@ -82,6 +90,7 @@ def test_policy_passes_and_catches_its_violation(name):
 
 @pytest.mark.parametrize(("resource", "fragment"), [
     (node_pool(capacity(["on-demand"])), "without spot capacity"),
+    (spares("h100"), "warm spares on 'h100', which is no NodePool of this stack"),
     (Resource("aws:eks/nodeGroup:NodeGroup", "core", {"instanceTypes": ["g5.xlarge"]}), "['g5.xlarge']"),
     (sg(0, protocol="-1"), "[6379, 8265, 10001]"),
     (sg(10001, cidr="::/0"), "[10001]"),

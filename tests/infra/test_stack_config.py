@@ -76,6 +76,11 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
     ({"corePool": {"diskGiB": "big"}}, "corePool.diskGiB", "whole number"),
     ({"kubernetes": {"version": 1.33, "publicAccessCidrs": ["203.0.113.0/24"]}}, "kubernetes.version", "quote it"),
     ({"tags": ["team"]}, "tags", "write it as an object"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "warmSpares": -1}]}, "gpuPools[0].warmSpares", "use 0"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "gpuLimit": 2, "warmSpares": 2}],
+      "training": {"image": "x.io/spotray:1", "gpusPerWorker": 2}}, "gpuPools[0].warmSpares", "raise gpuLimit"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "warmSpares": 1}]}, "gpuPools[0].warmSpares",
+     "set training.image"),
 ])
 def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:

@@ -1,0 +1,87 @@
+"""The checkpoint interval: Young–Daly's formula, its bounds, and ``every_steps: auto`` following measured saves."""
+
+import logging
+import math
+import time
+
+import pytest
+
+from tests.training.configs import make_config
+from training.drills.process_group import run_on_process_group
+from training.interval import UNMEASURED_EVERY_STEPS, CheckpointInterval, interval_steps, young_daly_s
+
+
+def test_young_daly_is_the_root_of_twice_the_save_time_the_mean_time_between_interruptions():
+    assert young_daly_s(10, 3600) == pytest.approx(math.sqrt(72_000))  # 268 s: a 10 s save, one interruption/h
+    assert young_daly_s(0, 3600) == 0
+    assert young_daly_s(40, 3600) == pytest.approx(2 * young_daly_s(10, 3600))  # 4x the save: 2x the interval
+
+
+@pytest.mark.parametrize(("save", "mtbi"), [(-1, 3600), (1, 0), (1, -5)])
+def test_young_daly_refuses_a_negative_save_or_a_non_positive_mtbi(save, mtbi):
+    with pytest.raises(ValueError):
+        young_daly_s(save, mtbi)
+
+
+def test_the_interval_in_steps_scales_with_the_interruption_rate_and_stays_in_its_bounds():
+    assert interval_steps(10, 10, 1.0, 1.0, 10_000) == 268
+    assert interval_steps(10, 10, 1.0, 4.0, 10_000) == 134  # 4x the interruptions: half the interval
+    assert interval_steps(0.0001, 0.0001, 5.0, 1.0, 10_000) == 1  # at least one step
+    assert interval_steps(600, 600, 0.01, 1.0, 500) == 500  # at most the run
+    assert interval_steps(0.001, 30, 1.0, 60.0, 10_000) == 30  # an async save must finish before the next
+
+
+def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements():
+    interval = CheckpointInterval(25, 1.0, 1000, start_step=30)
+    assert [s for s in range(31, 101) if interval.due(s)] == [50, 75, 100]
+    interval.checkpointed(50, 100.0, 100.0, 0.001)
+    assert interval.steps == 25
+
+
+def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
+    caplog.set_level(logging.INFO, "spotray.interval")
+    interval = CheckpointInterval("auto", 1.0, 10_000, start_step=120)  # resumed at step 120
+    assert "until this attempt has timed a save" in caplog.text
+    assert not interval.due(120 + UNMEASURED_EVERY_STEPS - 1) and interval.due(120 + UNMEASURED_EVERY_STEPS)
+    interval.checkpointed(170, 10, 10, 1.0)
+    assert interval.steps == 268 and not interval.due(170 + 267) and interval.due(170 + 268)
+    assert "every 268 steps (was 50)" in caplog.text
+    caplog.clear()
+    interval.checkpointed(438, 10, 10, 1.0)
+    assert caplog.text == ""  # logged only when it changes
+    interval.checkpointed(706, 40, 40, 1.0)  # saves got 4x slower
+    assert interval.steps == 537 and "every 537 steps (was 268)" in caplog.text
+
+
+def _train_with_saves_slower_from(rank: int, world_size: int, config: dict, slow_from: int, extra_s: float) -> list:
+    """A rank of the drill below: rank 1's saves get ``extra_s`` slower from step ``slow_from``; returns each
+    checkpoint's step and the interval chosen after it."""
+    from training.checkpoint import Checkpointer
+    from training.drills.process_group import train_worker
+
+    save, checkpointed, seen = Checkpointer.save, CheckpointInterval.checkpointed, []
+
+    def slower_save(self, step, state, **options):
+        if rank == 1 and step >= slow_from:
+            time.sleep(extra_s)
+        return save(self, step, state, **options)
+
+    def record(self, step, *measured):
+        checkpointed(self, step, *measured)
+        seen.append((step, self.steps))
+
+    Checkpointer.save, CheckpointInterval.checkpointed = slower_save, record
+    train_worker(rank, world_size, config)
+    return seen
+
+
+def test_the_auto_interval_lengthens_on_every_rank_when_one_ranks_saves_get_slower(dataset_url, tmp_path):
+    cfg = make_config(dataset_url, str(tmp_path), "auto", "train.max_steps=150", "checkpoint.every_steps=auto",
+                      "fault_tolerance.expected_interruptions_per_hour=20000")
+    seen = run_on_process_group(_train_with_saves_slower_from, (cfg.to_dict(), 90, 1.0), 2)
+    steps = [step for step, _ in seen]
+    assert steps[0] == UNMEASURED_EVERY_STEPS  # nothing measured before the first save
+    assert all(later - earlier == interval for (earlier, interval), later in zip(seen, steps[1:], strict=False))
+    fast = [interval for step, interval in seen if step < 90]
+    slow = [interval for step, interval in seen if step > 90]  # measured after a slower save
+    assert fast and slow and min(slow) > 2 * max(fast), seen
