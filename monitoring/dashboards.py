@@ -91,7 +91,9 @@ def training_dashboard(gpu_hour_price_usd: Mapping[str, float]) -> Dashboard:
              .with_row(gd.Row("Interruptions"))
              .with_panel(_series("Interruptions (preemptions, lost nodes)", "none",
                                  ("{{run}}", _by_run("interruptions"))))
-             .with_panel(_series("Lost steps", "none", ("{{run}}", _by_run("lost_steps"))))
+             .with_panel(_series("Lost steps: counted, and at most (a kill can take unwritten records)", "none",
+                                 ("{{run}} counted", _by_run("lost_steps")),
+                                 ("{{run}} at most", _by_run("lost_steps_at_most"))))
              .with_panel(_series("Recovery time (interruption to first resumed step)", "s",
                                  ("{{run}}", _by_run("recovery_seconds"))))
              .with_panel(_series("Emergency checkpoint at the last notice (1 committed, 0 not)", "none",

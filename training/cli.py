@@ -170,6 +170,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
+    p.add_argument("--fault", choices=["kill", "notice"], default="kill",
+                   help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
+                        "or notice (spotray's recovery from a notice against from a kill, timed from the fault)")
     p.set_defaults(func=_cmd_bench)
 
 

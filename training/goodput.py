@@ -22,12 +22,13 @@ class AttemptClock:
     """Rank 0's account of one attempt: seconds by category, live progress and how the attempt ended."""
 
     def __init__(self, root: Location, attempt_id: str, entered_at: float, max_steps: int,
-                 writer: ledger.RecordWriter):
+                 writer: ledger.RecordWriter, log_every: int = 1):
         self.location, self.writer = ledger.attempt_file(root, attempt_id, STATUS_FILE), writer
         self.status: dict = {
             "entered_at": entered_at, "startup_s": 0.0, "restore_s": 0.0, "checkpoint_save_s": 0.0,
-            "drain_wait_s": 0.0, "first_step_at": None, "last_seen": entered_at, "notice": None, "error": None,
-            "step": None, "max_steps": max_steps, "loss": None, "tokens_per_s": None, "goodput": None,
+            "drain_wait_s": 0.0, "first_step_at": None, "last_seen": entered_at, "notice": None, "moved_at": None,
+            "error": None, "step": None, "max_steps": max_steps, "log_every": log_every, "loss": None,
+            "tokens_per_s": None, "goodput": None,
             "failed_saves": 0,
         }
 
@@ -65,13 +66,15 @@ class Event:
 
     kind: str
     step: int
-    lost_steps: int
+    lost_steps: int  # trained by the interrupted attempt past the step resumed from, as its records show
+    lost_steps_at_most: int  # equal to lost_steps where that is exact (a committed notice flushes every record)
     recovery_s: float | None  # interruption -> first step of the next attempt
     resumed_from: int
     interrupted_at: float  # UNIX time
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "step": self.step, "lost_steps": self.lost_steps,
+                "lost_steps_at_most": self.lost_steps_at_most,
                 "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
                 "resumed_from": self.resumed_from}
 
@@ -92,6 +95,7 @@ class Account:
         return {"goodput": round(self.goodput, 4), "total_s": round(self.total_s, 2),
                 "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
                 "lost_steps": sum(e.lost_steps for e in self.events),
+                "lost_steps_at_most": sum(e.lost_steps_at_most for e in self.events),
                 "events": [e.to_dict() for e in self.events]}
 
 
@@ -169,5 +173,8 @@ def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
     step = notice["step"] if notice else prev.last_step
     resumed_at = cur.status_of("first_step_at", None)
     recovery = resumed_at - interrupted_at if resumed_at else None
-    return Event(kind, step, max(0, prev.last_step - cur.info.from_step), recovery, cur.info.from_step,
-                 interrupted_at)
+    lost = max(0, prev.last_step - cur.info.from_step)
+    # Step records are written once per log interval, in the background: a kill can take the interval being
+    # trained and the one being written with it. A committed notice wrote them all before its checkpoint.
+    unrecorded = 0 if notice and notice["committed"] else 2 * int(prev.status_of("log_every", 1)) - 1
+    return Event(kind, step, lost, lost + unrecorded, recovery, cur.info.from_step, interrupted_at)

@@ -37,7 +37,7 @@ def ray_train_fn(config: dict) -> None:
     cfg = from_dict(config)
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
-                    ray.train.report, _preemption_deadline)
+                    ray.train.report, _preemption_deadline, lambda: _fits_elsewhere(cfg))
     train(cfg, env)
 
 
@@ -52,11 +52,27 @@ def _worker_logging() -> None:
         logger.propagate = False
 
 
+_preempted_nodes: set[str] = set()  # of the notice this worker last saw
+
+
 def _preemption_deadline() -> float | None:
     info = ray.train.get_preemption_info()
     if info is None:
         return None
+    _preempted_nodes.update(info.preempted_node_ids)
     return info.deadline_ms / 1000 if info.deadline_ms else time.time() + SPOT_NOTICE_S
+
+
+def _fits_elsewhere(cfg: TrainConfig) -> bool:
+    """Whether the alive nodes that are not being preempted have the resources of the whole worker group (their
+    totals: the group's own share on them frees up when the attempt ends)."""
+    per_worker = cfg.scaling.resources_per_worker or {"CPU": 1, **({"GPU": 1} if cfg.scaling.use_gpu else {})}
+    totals: dict[str, float] = {}
+    for node in ray.nodes():
+        if node["Alive"] and node["NodeID"] not in _preempted_nodes:
+            for name, amount in node["Resources"].items():
+                totals[name] = totals.get(name, 0.0) + amount
+    return all(totals.get(name, 0.0) >= amount * cfg.scaling.num_workers for name, amount in per_worker.items())
 
 
 def failure_config(cfg: TrainConfig) -> FailureConfig:
@@ -82,6 +98,31 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     root = run_root(cfg)
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
+    try:
+        with ProgressMonitor(attempts, units_per_step(cfg, task)):
+            moves = 0
+            while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
+                moves += 1
+                budget = cfg.fault_tolerance.max_preemptions
+                if 0 <= budget < moves:
+                    raise TrainingFailed(f"training run '{cfg.run.name}' moved on {moves} preemption notices, over "
+                                         f"fault_tolerance.max_preemptions={budget}; raise it (-1: no limit) and "
+                                         "run the same command again to resume")
+    except TrainingFailed:
+        raise
+    except ray.exceptions.RayActorError as exc:  # the controller is gone: the Ray head (or its node) was lost
+        committed = list_committed(checkpoints_root(root), warn=False)
+        resume = f"step {committed[0].step}" if committed else "the start"
+        raise TrainingFailed(
+            f"training run '{cfg.run.name}' lost its Ray cluster ({root_cause(exc)[:120]}); run the same command "
+            f"again, on a new cluster if need be, to resume from {resume}") from exc
+    except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
+        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
+    return summarize(cfg, len(task.open_dataset()), root)
+
+
+def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
+    """One Ray Train run of the loop; True where its last attempt ended to move on a preemption notice."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     trainer = TorchTrainer(
         ray_train_fn,
@@ -100,18 +141,10 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
             worker_runtime_env=runtime_env,
         ),
     )
-    try:
-        with ProgressMonitor(attempts, units_per_step(cfg, task)):
-            trainer.fit()
-    except ray.exceptions.RayActorError as exc:  # the controller is gone: the Ray head (or its node) was lost
-        committed = list_committed(checkpoints_root(root), warn=False)
-        resume = f"step {committed[0].step}" if committed else "the start"
-        raise TrainingFailed(
-            f"training run '{cfg.run.name}' lost its Ray cluster ({root_cause(exc)[:120]}); run the same command "
-            f"again, on a new cluster if need be, to resume from {resume}") from exc
-    except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
-        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
-    return summarize(cfg, len(task.open_dataset()), root)
+    trainer.fit()
+    attempts = root.child("attempts")
+    last = ledger.read_attempts(attempts)[-1:]
+    return bool(last) and bool((goodput.read_status(attempts, last[0].attempt_id) or {}).get("moved_at"))
 
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
@@ -146,6 +179,7 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         "goodput": time_account.pop("goodput"),
         "events": time_account.pop("events"),
         "lost_steps": time_account.pop("lost_steps"),
+        "lost_steps_at_most": time_account.pop("lost_steps_at_most"),
         "time": time_account,
         "failed_saves": final.get("failed_saves", 0),
         "checkpoint_every_steps": cfg.checkpoint.every_steps,

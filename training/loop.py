@@ -39,6 +39,14 @@ def _no_preemption() -> float | None:
     return None
 
 
+def _no_capacity_elsewhere() -> bool:
+    return False
+
+
+class MovedOnNotice(Exception):  # noqa: N818 - an outcome, not an error
+    """The attempt committed its emergency checkpoint and ends so that the run restarts on other capacity."""
+
+
 @dataclass(frozen=True)
 class WorkerEnv:
     rank: int
@@ -47,6 +55,8 @@ class WorkerEnv:
     report: Reporter
     # UNIX time by which this worker group will be preempted, or None. A collective: every rank calls it alike.
     preemption_deadline: Callable[[], float | None] = _no_preemption
+    # Whether the worker group would fit on nodes that are not being preempted (asked by rank 0 after a notice).
+    capacity_elsewhere: Callable[[], bool] = _no_capacity_elsewhere
 
 
 def run_root(cfg: TrainConfig) -> Location:
@@ -236,6 +246,10 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     telemetry.started(restore_started - entered_at, restore_s)
     try:
         return _StepLoop(cfg, env, parts, checkpointer, records, telemetry).run()
+    except MovedOnNotice as moved:
+        checkpointer.close()
+        records.writer.close(timeout_s=30)
+        return {"moved_on_notice": True, "final_step": moved.args[0]}
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         telemetry.failed(exc)
         raise
@@ -294,7 +308,8 @@ def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: _Records, entered_at: 
     return RankZeroTelemetry(
         attempts_root=records.root, attempt=records.attempt, entered_at=entered_at, max_steps=cfg.train.max_steps,
         tokens_per_step=units_per_step(cfg, parts.task), flops_per_token=parts.flops_per_unit,
-        peak=peak_flops(cfg.train.peak_tflops, env.device), run_name=cfg.run.name, writer=records.writer)
+        peak=peak_flops(cfg.train.peak_tflops, env.device), run_name=cfg.run.name, writer=records.writer,
+        log_every=cfg.train.log_every)
 
 
 class _StepLoop:
@@ -378,7 +393,8 @@ class _StepLoop:
         deadline = self.env.preemption_deadline()
         if deadline is not None:
             self._flush_logs(durable=True)
-            _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry)
+            if _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry):
+                raise MovedOnNotice(step)
 
     def _commit_final(self) -> None:
         self._flush_logs(durable=True)
@@ -410,12 +426,14 @@ class _StepLoop:
 
 
 PREEMPTION_WAIT_GRACE_S = 30.0
+MOVE_ON_POLL_S = 1.0  # how often, after an emergency checkpoint, rank 0 looks for other capacity
 
 
 def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv,
-                        telemetry: Telemetry) -> None:
-    """A drain with a deadline was announced: commit the current step, then stop making progress until the node
-    goes, so that no step is lost. If the deadline is too short for a save, fall back to the last checkpoint."""
+                        telemetry: Telemetry) -> bool:
+    """A drain with a deadline was announced: commit the current step, then end the attempt as soon as the worker
+    group fits on other nodes (True), or else stop making progress until the node goes, so that no step is lost.
+    If the deadline is too short for a save, fall back to the last checkpoint (False: training goes on)."""
     noticed_at = time.time()
     remaining = deadline - noticed_at
     estimate = checkpointer.last_save_s
@@ -425,7 +443,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
         telemetry.notice(step, noticed_at, committed=False)
         log.warning("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
                     "a restart resumes from the last committed checkpoint", remaining, estimate)
-        return
+        return False
     started = time.monotonic()
     committed = checkpointer.ensure_saved(step, state)
     telemetry.checkpoint(time.monotonic() - started, checkpointer.last_save_s)
@@ -433,16 +451,30 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     if committed is None:
         log.warning("preemption notice: the emergency checkpoint of step %d failed; continuing, a restart resumes "
                     "from the last committed checkpoint", step)
-        return
+        return False
     env.report({"step": step, "emergency": True})
     if env.rank == 0:
         log.warning("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
-                    "deadline; waiting for the node to go", step, time.monotonic() - started, deadline - time.time())
-    waiting_since = time.monotonic()
+                    "deadline", step, time.monotonic() - started, deadline - time.time())
+    waiting_since, asking = time.monotonic(), True
     while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
-        time.sleep(0.2)
+        # Rank 0 asks and every rank follows, until shortly before the deadline: a peer dying inside a collective
+        # would fail the survivors with an error that is not the preemption's.
+        move = False
+        if asking:
+            asking = time.time() < deadline - 3 * MOVE_ON_POLL_S
+            asking, move = checkpointer.agree((asking, asking and env.rank == 0 and env.capacity_elsewhere()))
+        if move:
+            telemetry.drain_wait(time.monotonic() - waiting_since)
+            telemetry.moved(time.time())
+            if env.rank == 0:
+                log.warning("preemption notice: the worker group fits on other nodes: restarting there from "
+                            "step %d without waiting for the node to go", step)
+            return True
+        time.sleep(MOVE_ON_POLL_S)
     telemetry.drain_wait(time.monotonic() - waiting_since)
     log.warning("the announced preemption did not happen: continuing to train")
+    return False
 
 
 def units_per_step(cfg: TrainConfig, task: Task) -> int:

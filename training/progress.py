@@ -83,9 +83,12 @@ class ProgressMonitor:
     def _notice(self, attempt_id: str, status: dict) -> None:
         notice = status.get("notice")
         if notice and self._once(attempt_id, "notice"):
-            outcome = ("emergency checkpoint committed, waiting for the node to go" if notice["committed"] else
+            outcome = ("emergency checkpoint committed" if notice["committed"] else
                        "no time for a checkpoint: the restart resumes from the last committed one")
             self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
+        if notice and status.get("moved_at") and self._once(attempt_id, "moved"):
+            self._event(f"MOVING ON from step {notice['step']}: the workers restart on other nodes, "
+                        f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for the node")
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
                       cur_status: dict | None) -> None:
@@ -98,7 +101,7 @@ class ProgressMonitor:
                 self._event(f"INTERRUPTED at step {event.step} without notice (node or driver lost): resuming")
         if event.recovery_s is not None and self._once(cur.attempt_id, "resumed"):
             self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
-                        f"{event.recovery_s:.1f}s after the interruption, {event.lost_steps} steps lost")
+                        f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
 
     def _once(self, attempt_id: str, what: str) -> bool:
         key = (attempt_id, what)
@@ -122,3 +125,10 @@ class ProgressMonitor:
         self._last_line, self._last_print = line, now
         self.stream.write(f"\r\033[K{line}" if self.tty else f"spotray: {line}\n")
         self.stream.flush()
+
+
+def _lost(event: goodput.Event) -> str:
+    """Lost steps as counted, and their bound where the count may miss unwritten records."""
+    if event.lost_steps_at_most == event.lost_steps:
+        return f"{event.lost_steps} steps lost"
+    return f"{event.lost_steps} steps lost by the records, at most {event.lost_steps_at_most}"

@@ -8,10 +8,11 @@ from training.interval import AUTO
 
 
 def format_table(summary: dict) -> str:
-    rows = [("event", "step", "lost steps", "resumed after")]
+    rows = [("event", "step", "lost steps (at most)", "resumed after")]
     for e in summary["events"]:
         recovery = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "-"
-        rows.append((e["kind"], str(e["step"]), str(e["lost_steps"]), recovery))
+        bound = "" if e["lost_steps_at_most"] == e["lost_steps"] else f" ({e['lost_steps_at_most']})"
+        rows.append((e["kind"], str(e["step"]), f"{e['lost_steps']}{bound}", recovery))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
                                                                                                      strict=True)))

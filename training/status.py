@@ -63,6 +63,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "attempts": [_attempt(r) for r in records],
         "interruptions": time_split["events"],
         "lost_steps": time_split["lost_steps"],
+        "lost_steps_at_most": time_split["lost_steps_at_most"],
         "goodput": time_split["goodput"],
         "total_s": time_split["total_s"],
         "badput_s": {k: v for k, v in time_split["seconds"].items() if k != "productive"},
@@ -117,7 +118,8 @@ def format_text(status: dict) -> str:
         f"state        {_state_text(status)}",
         f"progress     {_progress_text(status)}",
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
-        f"attempts     {len(status['attempts'])}, {len(events)} interruptions, {status['lost_steps']} steps lost",
+        f"attempts     {len(status['attempts'])}, {len(events)} interruptions, {status['lost_steps']} steps lost"
+        f"{_at_most(status)}",
         *(f"  {_interruption_text(e)}" for e in events),
         f"goodput      {_goodput_text(status)}",
     ])
@@ -152,7 +154,12 @@ def _checkpoints_text(checkpoints: list[dict]) -> str:
 def _interruption_text(event: dict) -> str:
     resumed = ("not resumed yet" if event["recovery_s"] is None else
                f"resumed from step {event['resumed_from']} after {event['recovery_s']:.1f}s")
-    return f"{event['kind']} at step {event['step']}: {event['lost_steps']} steps lost, {resumed}"
+    return f"{event['kind']} at step {event['step']}: {event['lost_steps']} steps lost{_at_most(event)}, {resumed}"
+
+
+def _at_most(counted: dict) -> str:
+    exact = counted["lost_steps_at_most"] == counted["lost_steps"]
+    return "" if exact else f" (at most {counted['lost_steps_at_most']})"
 
 
 def _goodput_text(status: dict) -> str:

@@ -30,7 +30,8 @@ GAUGES = {
     "mfu": "model FLOPs utilisation over the last log interval (needs the device's peak FLOP/s)",
     "step_seconds": "mean step time over the last log interval",
     "goodput": "productive step time kept by the final model / wall time since the run started",
-    "lost_steps": "steps trained and then lost to interruptions, whole run",
+    "lost_steps": "steps trained and then lost to interruptions, whole run, as the step records show",
+    "lost_steps_at_most": "upper bound of lost_steps: a kill can take up to two log intervals of unwritten records",
     "interruptions": "worker-group restarts (preemptions, node losses, errors), whole run",
     "checkpoint_blocking_seconds": "time training waited for the last checkpoint save",
     "checkpoint_save_seconds": "end-to-end time of the last checkpoint save",
@@ -134,6 +135,9 @@ class Telemetry:
     def drain_wait(self, seconds: float) -> None:
         """Waited this long after an emergency checkpoint for the node to go."""
 
+    def moved(self, at: float) -> None:
+        """After its emergency checkpoint the attempt ends at ``at`` to restart on other capacity."""
+
     def failed(self, exc: BaseException) -> None:
         """The attempt ends with ``exc``."""
 
@@ -146,8 +150,8 @@ class RankZeroTelemetry(Telemetry):
 
     def __init__(self, *, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float, max_steps: int,
                  tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
-                 writer: ledger.RecordWriter):
-        self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer)
+                 writer: ledger.RecordWriter, log_every: int = 1):
+        self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer, log_every)
         self.gauges = Gauges(run_name)
         self.max_steps, self.tokens_per_step = max_steps, tokens_per_step
         # MFU counts every worker's device
@@ -171,6 +175,7 @@ class RankZeroTelemetry(Telemetry):
             self._past = Past(live, _before_this_attempt(history, live.prior_productive), interrupted_at)
             first_step_at = self.clock.status["first_step_at"]
             self.gauges.set(interruptions=len(history.events), lost_steps=sum(e.lost_steps for e in history.events),
+                            lost_steps_at_most=sum(e.lost_steps_at_most for e in history.events),
                             recovery_seconds=first_step_at - interrupted_at if first_step_at and interrupted_at
                             else None)
         return self._past
@@ -219,6 +224,10 @@ class RankZeroTelemetry(Telemetry):
 
     def drain_wait(self, seconds: float) -> None:
         self.clock.add("drain_wait", seconds)
+        self.clock.flush()
+
+    def moved(self, at: float) -> None:
+        self.clock.update(moved_at=at)
         self.clock.flush()
 
     def failed(self, exc: BaseException) -> None:

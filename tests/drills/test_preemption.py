@@ -99,6 +99,8 @@ def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
     driver_log = (tmp_path / "driver.log").read_text()
     assert "PREEMPTION NOTICE at step" in driver_log and "RESUMED from step" in driver_log, driver_log[-3000:]
+    # The replacement node joined before the 20 s drain deadline: the workers moved there instead of waiting.
+    assert "MOVING ON from step" in driver_log, driver_log[-3000:]
 
 
 @pytest.mark.slow  # the unit test of the same path, test_checkpoint's outage test, runs in make test

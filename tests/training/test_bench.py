@@ -76,6 +76,15 @@ def test_recovery_bench_on_local_storage():
     assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
 
 
+@pytest.mark.slow  # a notice drill and a kill drill: 2 minutes on 2 cores
+def test_recovery_bench_times_a_notice_against_a_kill():
+    result = bench("recovery", "--fault", "notice", "--storage", "local", "--rounds", "1", "--steps", "100")
+    (notice,), (kill,) = result["local"]["notice"], result["local"]["kill"]
+    assert notice["resumed_from"] > kill["resumed_from"] == 100  # the emergency checkpoint, the periodic one
+    assert notice["recovery_s"] > 0 and kill["recovery_s"] > 0
+    assert result["local"]["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
+
+
 @pytest.mark.slow  # a minute on 2 cores: Ray, moto and Hugging Face datasets on 8 MB
 def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],

@@ -1,4 +1,5 @@
-"""The fault-tolerance settings reach Ray Train, and a notice too short for a save is reported, not obeyed."""
+"""The fault-tolerance settings reach Ray Train, a notice too short for a save is reported, not obeyed, and after
+an emergency checkpoint the attempt moves on as soon as the worker group fits on other nodes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from tests.training.configs import make_config
-from training import goodput, ledger
+from training import goodput, launch, ledger, loop
 from training.checkpoint import Checkpointer, checkpoints_root, list_committed
 from training.launch import failure_config
 from training.loop import WorkerEnv, _survive_preemption
@@ -57,3 +58,51 @@ def test_a_deadline_too_short_for_a_save_is_logged_and_recorded_and_training_goe
     notice = goodput.read_status(attempts, "a1")["notice"]
     assert notice["step"] == 7 and notice["committed"] is False
     assert list_committed(checkpoints_root(root)) == [] and reports == []
+
+
+def _notice_setup(tmp_path, capacity_elsewhere):
+    root = resolve(str(tmp_path / "run"))
+    checkpointer = Checkpointer(root, keep_last=3, async_save=False, rank=0, world_size=1)
+    attempts, info, writer = root.child("attempts"), ledger.AttemptInfo("a1", 0, 1, 4), ledger.RecordWriter()
+    ledger.write_attempt(attempts, info)
+    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
+                                  tokens_per_step=512, flops_per_token=1e6, peak=None, run_name="ft", writer=writer)
+    env = WorkerEnv(0, 1, torch.device("cpu"), lambda _: None, capacity_elsewhere=capacity_elsewhere)
+    return root, checkpointer, attempts, writer, telemetry, env
+
+
+def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity_appears(tmp_path):
+    answers = iter([False, False, True])  # the replacement node joins two seconds after the notice
+    root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: next(answers))
+    started = time.monotonic()
+    moved = _survive_preemption(time.time() + 60, 7, checkpointer, {"box": Box()}, env, telemetry)
+    waited = time.monotonic() - started
+    writer.close(timeout_s=10)
+    assert moved and 1.5 < waited < 10, waited  # not the 60 s to the deadline
+    assert [c.step for c in list_committed(checkpoints_root(root))] == [7]
+    status = goodput.read_status(attempts, "a1")
+    assert status["notice"]["committed"] and status["moved_at"] >= status["notice"]["at"]
+
+
+def test_with_no_capacity_elsewhere_it_waits_for_the_node_as_before(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "PREEMPTION_WAIT_GRACE_S", 0.5)
+    asked = []
+    root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: asked.append(1) or False)
+    moved = _survive_preemption(time.time() + 4.5, 7, checkpointer, {"box": Box()}, env, telemetry)
+    writer.close(timeout_s=10)
+    assert not moved and goodput.read_status(attempts, "a1")["moved_at"] is None
+    assert 1 <= len(asked) <= 2, "asked until 3 s before the deadline, then no more collectives"
+    assert [c.step for c in list_committed(checkpoints_root(root))] == [7]
+
+
+def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_preempted(monkeypatch):
+    cfg = make_config("/data", "/ckpt", "ft")  # 2 workers of 1 CPU
+    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"memory": 1e9}},
+             {"NodeID": "draining", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "survivor", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 4.0}}]
+    monkeypatch.setattr(launch.ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(launch, "_preempted_nodes", {"draining"})
+    assert not launch._fits_elsewhere(cfg)
+    nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
+    assert launch._fits_elsewhere(cfg)

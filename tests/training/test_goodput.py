@@ -51,6 +51,16 @@ def test_interruptions_are_classified_with_lost_steps_and_recovery_time(run):
     assert events[1].recovery_s == 1225.0 - 1200.0  # from B's last sign of life to C's first step
 
 
+@pytest.mark.parametrize(("log_every", "at_most"), [(1, 11), (10, 29)])
+def test_a_kill_bounds_its_lost_steps_by_the_records_it_may_not_have_written(run, log_every, at_most):
+    status = goodput.read_status(run, "b")
+    run.child("b", goodput.STATUS_FILE).write_text(json.dumps({**status, "log_every": log_every}))
+    notice, kill = goodput.account(run).events
+    assert (notice.lost_steps, notice.lost_steps_at_most) == (0, 0)  # a committed notice wrote every record first
+    assert (kill.lost_steps, kill.lost_steps_at_most) == (10, at_most)  # the interval trained and the one in flight
+    assert goodput.account(run).to_dict()["lost_steps_at_most"] == at_most
+
+
 def test_an_error_ending_an_attempt_is_its_own_kind(run):
     status = goodput.read_status(run, "b")
     run.child("b", goodput.STATUS_FILE).write_text(json.dumps({**status, "error": "FloatingPointError: loss is nan"}))
@@ -87,7 +97,7 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     stream = io.StringIO()
     monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)  # attempt a belongs to an earlier driver
     write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "first_step_at": 1140.0, "last_seen": 1200.0,
-                                      "step": 80})
+                                      "step": 80, "log_every": 5})
     write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "first_step_at": 1225.0, "last_seen": 1300.0,
                                        "step": 100})
     monitor.poll()
@@ -95,7 +105,8 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     lines = [line for line in stream.getvalue().splitlines() if "INTERRUPTED" in line or "RESUMED" in line]
     assert lines == [
         "spotray: INTERRUPTED at step 80 without notice (node or driver lost): resuming",
-        "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost",
+        "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost by the records, "
+        "at most 19",
     ]
 
 

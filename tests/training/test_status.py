@@ -116,7 +116,7 @@ def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     assert "progress     step 90/100, loss 0.1111, 1,234 tok/s" in text
     assert re.search(rf"checkpoints  step 70 \({kib[0]}, \d+s ago\), step 50 \({kib[1]}, \d+s ago\)$", text, re.M)
     assert "notice at step 50: 0 steps lost, resumed from step 50 after 50.0s" in text
-    assert "kill at step 80: 10 steps lost, resumed from step 70 after 25.0s" in text
+    assert "kill at step 80: 10 steps lost (at most 11), resumed from step 70 after 25.0s" in text
     assert "goodput      30.0% of 300s; badput: startup 23s, restore 2s, checkpoint_save 3s, wasted 10s" in text
 
 

@@ -16,7 +16,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from training.bench.recovery import run
 
         return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds,
-                   every=args.steps or 5)
+                   every=args.steps or 5, fault=args.fault)
     if which == "pretrained":
         from training.bench.pretrained import run
 

@@ -1,5 +1,7 @@
 """``spotray bench recovery``: seconds from a replacement node joining to the first resumed training step, for
 spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the same kill drill and model.
+``--fault notice``: spotray alone, seconds from the fault to the first resumed step after a preemption notice
+against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``).
 
 Each drill: a head plus 2 worker nodes; once a checkpoint exists, a worker node is SIGKILLed; after a pause
 (Ray has noticed and waits for capacity) a replacement node starts; the clock runs from its start until a
@@ -108,17 +110,20 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
-    """Seconds from the replacement node joining to the end of the first resumed step, split into Ray's part
-    (until the train function starts) and the worker's."""
+def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, kind: str,
+               gap_s: float) -> tuple[_Resumed, float, float]:
+    """Runs the job on a fresh cluster; once it has checkpointed, a worker node gets a notice or is killed
+    (``kind``), and ``gap_s`` later a replacement node starts. Returns the resumed attempt, the fault's time and
+    the replacement's (UNIX times)."""
     log = Path(workdir) / f"{cfg.run.name}.log"
     with LocalCluster(Path(workdir) / f"ray-{cfg.run.name}", drain_timeout_s=20).start(workers=2) as cluster:
         proc, checkpointed, resumed = start_job(cfg, cluster, log)
         try:
             _wait(checkpointed, proc, "a first checkpoint", log)
             time.sleep(SETTLE_S)
-            cluster.kill(cluster.nodes[-1])
-            time.sleep(CAPACITY_GAP_S)
+            fault_at = time.time()
+            (cluster.preempt_with_notice if kind == "notice" else cluster.kill)(cluster.nodes[-1])
+            time.sleep(gap_s)
             back_at = time.time()  # the replacement machine is up and starts Ray
             # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
             cluster.add_node(wait=False)
@@ -128,6 +133,13 @@ def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
     resumed_at = resumed() if proc.returncode == 0 else None
     if resumed_at is None:
         raise SpotrayError(f"recovery bench: {cfg.run.name} failed or never resumed; see {log}")
+    return resumed_at, fault_at, back_at
+
+
+def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
+    """Seconds from the replacement node joining to the end of the first resumed step, split into Ray's part
+    (until the train function starts) and the worker's."""
+    resumed_at, _, back_at = _interrupt(start_job, cfg, workdir, "kill", CAPACITY_GAP_S)
     return {"recovery_s": round(resumed_at.first_step_at - back_at, 2),
             "ray_s": round(resumed_at.entered_at - back_at, 2),
             "worker_s": round(resumed_at.first_step_at - resumed_at.entered_at, 2),
@@ -135,12 +147,34 @@ def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
             "resumed_from": resumed_at.from_step}
 
 
+def _fault_drill(kind: str, cfg: config.TrainConfig, workdir: str) -> dict:
+    """Seconds from a notice (or a kill) of a worker node to the end of the first resumed step, with the
+    replacement node starting at once."""
+    resumed_at, fault_at, _ = _interrupt(_spotray_job, cfg, workdir, kind, 0.0)
+    return {"recovery_s": round(resumed_at.first_step_at - fault_at, 2), "resumed_from": resumed_at.from_step}
+
+
+def _notice_against_kill(data_url: str, ckpt_url: str, endpoint: str | None, workdir: str, preset: str,
+                         rounds: int, every: int) -> dict:
+    drills: dict[str, list[dict]] = {"notice": [], "kill": []}
+    tag = "s3" if endpoint else "local"
+    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
+        for kind, found in drills.items():
+            found.append(_fault_drill(kind, _config(data_url, ckpt_url, endpoint, f"{kind}-{tag}-{i}", preset,
+                                                    every), workdir))
+    notice, kill = drills["notice"], drills["kill"]
+    return {**drills,
+            "notice_minus_kill_s": round(_best(notice, "recovery_s") - _best(kill, "recovery_s"), 2),
+            "notice_minus_kill_s_median": round(_median(notice, "recovery_s") - _median(kill, "recovery_s"), 2)}
+
+
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
-        every: int = 5) -> dict:
+        every: int = 5, fault: str = "kill") -> dict:
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
-    result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every,
-              "capacity_gap_s": CAPACITY_GAP_S}
+    result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
+              **({"capacity_gap_s": CAPACITY_GAP_S} if fault == "kill" else {})}
+    compare = _compare if fault == "kill" else _notice_against_kill
     with contextlib.ExitStack() as stack:
         for storage in storages:
             endpoint = None
@@ -149,7 +183,7 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
                 ckpt_url = f"{create_bucket(endpoint)}/ckpt"
             else:
                 ckpt_url = f"{workdir}/ckpt"
-            result[storage] = _compare(data_url, ckpt_url, endpoint, workdir, preset, rounds, every)
+            result[storage] = compare(data_url, ckpt_url, endpoint, workdir, preset, rounds, every)
     return result
 
 

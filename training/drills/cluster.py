@@ -63,21 +63,19 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
-                             "--node-ip-address=127.0.0.1"])
-        self._wait_for_nodes(1)
+        self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+                                            "--node-ip-address=127.0.0.1"]))
         for _ in range(workers):
             self.add_node()
         return self
 
     def add_node(self, wait: bool = True) -> Node:
         """``wait=False`` only starts the node: a benchmark must not spend the CPU it measures on probing for it."""
-        expected = len([n for n in self.nodes if n.alive]) + 1
         node = self._spawn(f"worker{len(self.nodes)}", [f"--address={self.address}",
                                                         f"--num-cpus={self.cpus_per_node}",
                                                         "--node-ip-address=127.0.0.1"])
         if wait:
-            self._wait_for_nodes(expected)
+            self._wait_for(node)
         return node
 
     def preempt_with_notice(self, node: Node) -> None:
@@ -117,21 +115,22 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
-    def _wait_for_nodes(self, count: int, timeout_s: float = 90.0) -> None:
+    def _wait_for(self, node: Node, timeout_s: float = 90.0) -> None:
+        """Until ``node`` has joined (known by its metrics port: other nodes may come and go meanwhile)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if self.alive_nodes() >= count:
+            if node.metrics_port in self.alive_metrics_ports():
                 return
             time.sleep(0.5)
-        raise SpotrayError(f"local Ray cluster did not reach {count} nodes in {timeout_s:.0f}s; logs in {self.log_dir}")
+        raise SpotrayError(f"local Ray node {node.name} did not join in {timeout_s:.0f}s; logs in {self.log_dir}")
 
-    def alive_nodes(self) -> int:
+    def alive_metrics_ports(self) -> set[int]:
         probe = (f"import ray; ray.init(address='{self.address}', logging_level='ERROR'); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")
+                 "print(*[n['MetricsExportPort'] for n in ray.nodes() if n['Alive']])")
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
                              env=self.node_env())
         lines = out.stdout.strip().splitlines()
-        return int(lines[-1]) if out.returncode == 0 and lines and lines[-1].isdigit() else 0
+        return {int(port) for port in lines[-1].split() if port.isdigit()} if out.returncode == 0 and lines else set()
 
 
 def _descendants(pid: int) -> list[int]:
