@@ -155,18 +155,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
-    p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare"])
+    p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
+                                     "goodput"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps (throughput), saves (checkpoint), or the checkpoint interval (recovery)")
+                   help="training steps (throughput, goodput), saves (checkpoint), or the checkpoint interval "
+                        "(recovery)")
     p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2,
-                   help="throughput, recovery, prepare benches: runs per side, interleaved")
+                   help="throughput, recovery, prepare, goodput benches: runs per side, interleaved")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")

@@ -187,6 +187,7 @@ class FaultToleranceSection:
     max_preemptions: int = -1
     preemption_check_every_steps: int = 10
     expected_interruptions_per_hour: float = 1.0  # what checkpoint.every_steps: auto plans for
+    move_on_notice: bool = True  # after a notice's checkpoint, restart on other capacity instead of waiting
 
     def __post_init__(self):
         for key in ("max_failures", "max_preemptions"):

@@ -393,7 +393,8 @@ class _StepLoop:
         deadline = self.env.preemption_deadline()
         if deadline is not None:
             self._flush_logs(durable=True)
-            if _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry):
+            if _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry,
+                                   self.cfg.fault_tolerance.move_on_notice):
                 raise MovedOnNotice(step)
 
     def _commit_final(self) -> None:
@@ -430,9 +431,10 @@ MOVE_ON_POLL_S = 1.0  # how often, after an emergency checkpoint, rank 0 looks f
 
 
 def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv,
-                        telemetry: Telemetry) -> bool:
-    """A drain with a deadline was announced: commit the current step, then end the attempt as soon as the worker
-    group fits on other nodes (True), or else stop making progress until the node goes, so that no step is lost.
+                        telemetry: Telemetry, move_on: bool = True) -> bool:
+    """A drain with a deadline was announced: commit the current step, then (``move_on``) end the attempt as soon
+    as the worker group fits on other nodes (True), or else stop making progress until the node goes, so that no
+    step is lost.
     If the deadline is too short for a save, fall back to the last checkpoint (False: training goes on)."""
     noticed_at = time.time()
     remaining = deadline - noticed_at
@@ -456,7 +458,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     if env.rank == 0:
         log.warning("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
                     "deadline", step, time.monotonic() - started, deadline - time.time())
-    waiting_since, asking = time.monotonic(), True
+    waiting_since, asking = time.monotonic(), move_on
     while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
         # Rank 0 asks and every rank follows, until shortly before the deadline: a peer dying inside a collective
         # would fail the survivors with an error that is not the preemption's.

@@ -1,10 +1,13 @@
-"""`spotray demo`, shortened: both interruptions happen, are reported, and the run still trains every sample once."""
+"""`spotray demo`, shortened: both interruptions happen, are reported, and the run still trains every sample once;
+after the notice's emergency checkpoint the workers move to the replacement node instead of waiting."""
 
 from __future__ import annotations
 
 import json
 
 from infra.cli import main
+from training import goodput, ledger
+from training.storage import resolve
 
 
 def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path):
@@ -14,8 +17,12 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path):
     assert written["injected"] == ["notice", "kill"]
     events = written["events"]
     assert [e["kind"] for e in events] == ["notice", "kill"], events
-    assert events[0]["lost_steps"] == 0
+    assert events[0]["lost_steps"] == events[0]["lost_steps_at_most"] == 0  # exact after a committed notice
     assert 0 <= events[1]["lost_steps"] <= written["checkpoint_every_steps"] == 25
+    assert events[1]["lost_steps_at_most"] == events[1]["lost_steps"] + 2 * 5 - 1  # two log intervals unwritten
+    attempts = resolve(str(tmp_path / "runs")).child(written["run_name"], "attempts")
+    noticed = goodput.read_status(attempts, ledger.read_attempts(attempts)[0].attempt_id)
+    assert noticed["moved_at"] is not None and noticed["drain_wait_s"] < 20  # not the 20 s drain deadline
     assert all(e["recovery_s"] > 0 for e in events)
     assert written["exactly_once"] is True and written["final_step"] == 150
     assert 0 < written["goodput"] < 1 and written["final_loss"] < 5.5

@@ -89,6 +89,7 @@ def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expecte
     return first_last, second_from
 
 
+@pytest.mark.slow  # the demo's test drills a notice (and the move) in make test
 def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster, dataset_url, tmp_path):
     """A tiny Llama (the built-in GPT's notice is drilled by the demo's test)."""
     llama = [f"model.hf.config.{key}={value}" for key, value in TINY["llama"].items()]

@@ -85,6 +85,17 @@ def test_recovery_bench_times_a_notice_against_a_kill():
     assert result["local"]["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
 
 
+@pytest.mark.slow  # two demo drills: 3 minutes on 2 cores
+def test_goodput_bench_reports_both_variants_with_their_badput():
+    result = bench("goodput", "--steps", "600", "--rounds", "1")
+    (baseline,), (spotray,) = result["baseline"], result["spotray"]
+    for drill in (baseline, spotray):
+        assert [e["kind"] for e in drill["events"]] == ["notice", "kill"] == drill["injected"]
+        assert 0 < drill["goodput"] < 1 and drill["seconds"]["productive"] > 0
+    assert spotray["seconds"]["waiting"] < baseline["seconds"]["waiting"]  # it did not wait for the draining node
+    assert result["goodput_gain"] == round(result["goodput_best"]["spotray"] - result["goodput_best"]["baseline"], 4)
+
+
 @pytest.mark.slow  # a minute on 2 cores: Ray, moto and Hugging Face datasets on 8 MB
 def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],

@@ -25,6 +25,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from training.bench.prepare import run
 
         return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint, rounds=args.rounds)
+    if which == "goodput":
+        from training.bench.goodput import run
+
+        return run(steps=args.steps or 6000, rounds=args.rounds)
     if which == "export":
         from training.bench.export import run
 
