@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -46,12 +47,31 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.audit_dir:
         overrides.append(f"audit_dir={args.audit_dir}")
     cfg = config.load(args.config, overrides)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the log file keeps every rank's lines, as they come
     from training import launch  # Ray and torch load only once the config is known to be valid
+    from training.console import RunConsole
+    from training.errors import TrainingFailed
 
-    summary = launch.run(cfg, worker_logs=not args.no_worker_logs)
-    _print_summary(summary)
+    launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before the log file exists
+    console = RunConsole(launch.log_location(cfg), verbose=args.verbose)
+    try:
+        with console:
+            for line in launch.header(cfg, console.where, args.verbose):
+                console.say(line)
+            try:
+                summary = launch.run(cfg, worker_logs=not args.no_worker_logs, console=console.stream)
+            finally:
+                launch.leave_ray()  # inside: Ray's last words go to the log too
+    except TrainingFailed as exc:
+        raise TrainingFailed(f"{exc} (the full log: {console.where})") from exc
     if args.summary_json:
         launch.write_summary(summary, args.summary_json)
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
+    else:
+        from training.report import format_summary
+
+        print(format_summary(summary))
 
 
 def _cmd_status(args: argparse.Namespace) -> None:
@@ -96,11 +116,6 @@ def _format_bench(result: dict) -> str:
     return "\n".join(f"{k}: {v}" for k, v in result.items())
 
 
-def _print_summary(summary: dict) -> None:
-    shown = {k: v for k, v in summary.items() if k != "losses"}
-    print(json.dumps(shown, indent=2))
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """The training half of the command line: what runs on a laptop or in the training image."""
     p = sub.add_parser("prepare", help="tokenize text, JSONL or Parquet files (local or s3://) into token shards, "
@@ -130,8 +145,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
     p.add_argument("--summary-json", help="write the run summary here")
     p.add_argument("--audit-dir", help="URL where each rank records the sample ids it trained on")
+    p.add_argument("--json", action="store_true", help="print the run's summary as one JSON object on stdout")
+    p.add_argument("--verbose", action="store_true",
+                   help="show everything on the terminal: Ray's lines and every worker's (default: in the log file)")
     p.add_argument("--no-worker-logs", action="store_true",
-                   help="do not stream the workers' logs here (progress and interruption lines still show)")
+                   help="do not collect the workers' output, not even in the log file")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("status", help="where a run stands, live or finished: steps, loss, checkpoints, goodput")

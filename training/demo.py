@@ -98,7 +98,7 @@ def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
             # The driver is a process of its own, as in production: Ray reads its auth settings at import.
             driver = subprocess.run(
                 [sys.executable, "-m", "training.cli", "train", "--config", str(config_file), "--summary-json",
-                 str(summary_file), "--no-worker-logs"],
+                 str(summary_file)],
                 env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=subprocess.DEVNULL)
         finally:
             injector.stop()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
-log = logging.getLogger("spotray.interval")
+log = logging.getLogger(__name__)
 
 AUTO = "auto"
 UNMEASURED_EVERY_STEPS = 50  # ``auto`` before an attempt has timed a save

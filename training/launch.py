@@ -8,6 +8,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TextIO
 
 import ray
 import ray.train
@@ -17,6 +18,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from training import goodput, ledger
 from training.checkpoint import checkpoints_root, list_committed
 from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
+from training.console import WORKER_FORMAT
 from training.errors import TrainingFailed
 from training.loop import WorkerEnv, run_root, train, units_per_step
 from training.progress import ProgressMonitor
@@ -42,12 +44,13 @@ def ray_train_fn(config: dict) -> None:
 
 
 def _worker_logging() -> None:
-    """spotray's INFO lines reach the driver once each; Ray's own stay at their level."""
+    """spotray's INFO lines reach the driver's log once each, its warnings marked for the driver's terminal; Ray's
+    own lines stay at their level."""
     logger = logging.getLogger("training")
     logger.setLevel(logging.INFO)
     if not logger.handlers:
         handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.setFormatter(logging.Formatter(WORKER_FORMAT))
         logger.addHandler(handler)
         logger.propagate = False
 
@@ -89,8 +92,9 @@ def preflight(cfg: TrainConfig) -> Task:
     return task
 
 
-def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
-    """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary."""
+def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = None) -> dict:
+    """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary.
+    Progress and interruption lines go to ``console`` (default: stderr)."""
     cfg = with_absolute_paths(cfg)
     task = preflight(cfg)
     runtime_env = worker_runtime_env(cfg)  # refuses an oversized working dir before Ray starts
@@ -99,7 +103,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
     try:
-        with ProgressMonitor(attempts, units_per_step(cfg, task)):
+        with ProgressMonitor(attempts, units_per_step(cfg, task), stream=console):
             moves = 0
             while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
                 moves += 1
@@ -119,6 +123,22 @@ def run(cfg: TrainConfig, worker_logs: bool = True) -> dict:
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
     return summarize(cfg, len(task.open_dataset()), root)
+
+
+def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
+    """What ``spotray train`` says first: the run, where it trains, where its checkpoints and log go."""
+    scaling, root = cfg.scaling, run_root(with_absolute_paths(cfg))
+    per_worker = scaling.resources_per_worker or {"CPU": 1, **({"GPU": 1} if scaling.use_gpu else {})}
+    each = ", ".join(f"{amount:g} {name}" for name, amount in per_worker.items())
+    backend = "NCCL" if scaling.use_gpu else "gloo"
+    return [f"run {cfg.run.name}: {cfg.train.max_steps} steps on {scaling.num_workers} workers ({each} each, "
+            f"{cfg.parallel.upper()} over {backend}); checkpoints in {checkpoints_root(root).url}",
+            f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
+
+
+def log_location(cfg: TrainConfig) -> Location:
+    """This command's log file, beside the run's ledger."""
+    return run_root(with_absolute_paths(cfg)).child("logs", time.strftime("train-%Y%m%d-%H%M%S.log"))
 
 
 def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
@@ -208,6 +228,11 @@ def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
         ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
         return
     start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
+
+
+def leave_ray() -> None:
+    """Disconnects from Ray, stopping the local Ray this process started."""
+    ray.shutdown()
 
 
 def root_cause(exc: BaseException) -> str:

@@ -443,7 +443,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     too_short = checkpointer.agree(estimate is not None and remaining < 1.2 * estimate)
     if too_short:
         telemetry.notice(step, noticed_at, committed=False)
-        log.warning("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
+        log.info("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
                     "a restart resumes from the last committed checkpoint", remaining, estimate)
         return False
     started = time.monotonic()
@@ -456,7 +456,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
         return False
     env.report({"step": step, "emergency": True})
     if env.rank == 0:
-        log.warning("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
+        log.info("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
                     "deadline", step, time.monotonic() - started, deadline - time.time())
     waiting_since, asking = time.monotonic(), move_on
     while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
@@ -470,7 +470,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
             telemetry.drain_wait(time.monotonic() - waiting_since)
             telemetry.moved(time.time())
             if env.rank == 0:
-                log.warning("preemption notice: the worker group fits on other nodes: restarting there from "
+                log.info("preemption notice: the worker group fits on other nodes: restarting there from "
                             "step %d without waiting for the node to go", step)
             return True
         time.sleep(MOVE_ON_POLL_S)

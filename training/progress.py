@@ -84,7 +84,7 @@ class ProgressMonitor:
         notice = status.get("notice")
         if notice and self._once(attempt_id, "notice"):
             outcome = ("emergency checkpoint committed" if notice["committed"] else
-                       "no time for a checkpoint: the restart resumes from the last committed one")
+                       "no emergency checkpoint: the restart resumes from the last committed one")
             self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
         if notice and status.get("moved_at") and self._once(attempt_id, "moved"):
             self._event(f"MOVING ON from step {notice['step']}: the workers restart on other nodes, "

@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import ray
 
 
-def start_local_ray(num_cpus: int, **kwargs) -> None:
-    """A new single-node Ray on this machine, reachable on loopback only.
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    ``address="local"``: never attach to whatever cluster ``ray start`` last recorded on this machine."""
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+
+def state_api_env(dashboard_port: int) -> dict[str, str]:
+    """Where Ray's processes find the state API, which Ray Train's placement-group cleaner polls from an actor.
+
+    The dashboard serves it. Without this, the cleaner looks the cluster up in the machine's default Ray temp
+    directory, which names whichever cluster started there last, and its query hangs past the 12 s Ray Train
+    waits for it at the end of every run and every restart."""
+    return {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard_port}"}
+
+
+def start_local_ray(num_cpus: int, **kwargs) -> None:
+    """A new single-node Ray on this machine, reachable on loopback only, with its dashboard for the state API.
+
+    ``address="local"``: never attach to whatever cluster ``ray start`` last recorded on this machine. Ray's
+    processes inherit this process's environment."""
+    port = free_port()
+    os.environ.update(state_api_env(port))
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+             dashboard_port=port, _node_ip_address="127.0.0.1", **kwargs)

@@ -8,8 +8,28 @@ from training.interval import AUTO
 
 
 def format_table(summary: dict) -> str:
+    """The interruptions (if any) as a table, then the run's result in one line."""
+    lines = [*_event_table(summary["events"]), ""] if summary["events"] else []
+    exactly_once = summary.get("exactly_once")
+    audit = "not audited" if exactly_once is None else "yes" if exactly_once else "NO"
+    every = summary["checkpoint_every_steps"]
+    interval = "auto (Young–Daly)" if every == AUTO else f"every {every} steps"
+    lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
+                 f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | checkpoint {interval}")
+    return "\n".join(lines)
+
+
+def format_summary(summary: dict) -> str:
+    """``spotray train``'s closing lines."""
+    newest = summary["checkpoints"][-1] if summary["checkpoints"] else "none committed"  # oldest first
+    return "\n".join([f"spotray: done: {summary['run_name']} at step {summary['final_step']}, "
+                      f"{summary['tokens_per_s']:,.0f} tokens/s", format_table(summary),
+                      f"spotray: checkpoints: {len(summary['checkpoints'])} kept, the newest {newest}"])
+
+
+def _event_table(events: list[dict]) -> list[str]:
     rows = [("event", "step", "lost steps (at most)", "resumed after")]
-    for e in summary["events"]:
+    for e in events:
         recovery = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "-"
         bound = "" if e["lost_steps_at_most"] == e["lost_steps"] else f" ({e['lost_steps_at_most']})"
         rows.append((e["kind"], str(e["step"]), f"{e['lost_steps']}{bound}", recovery))
@@ -18,14 +38,7 @@ def format_table(summary: dict) -> str:
                                                                                                      strict=True)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    exactly_once = summary.get("exactly_once")
-    audit = "not audited" if exactly_once is None else "yes" if exactly_once else "NO"
-    lines.append("")
-    lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
-                 f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | "
-                 f"checkpoint every {summary['checkpoint_every_steps']} steps"
-                 if summary["checkpoint_every_steps"] != AUTO else "checkpoint interval auto (Young–Daly)")
-    return "\n".join(lines)
+    return lines
 
 
 def plot_losses(summary: dict, path: str) -> str:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 from infra.cli import main
+from tests.console import assert_full_log, assert_quiet_console, the_log
 from training import goodput, ledger
+from training.console import line_kind
 from training.storage import resolve
 
 
-def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path):
+def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd):
     shorter = ["--set", "train.max_steps=150", "--set", "checkpoint.every_steps=25", "--set", "train.log_every=5"]
     assert main(["demo", "--workdir", str(tmp_path / "runs"), "--json", str(tmp_path / "demo.json"), *shorter]) == 0
     written = json.loads((tmp_path / "demo.json").read_text())
@@ -27,3 +29,8 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path):
     assert written["exactly_once"] is True and written["final_step"] == 150
     assert 0 < written["goodput"] < 1 and written["final_loss"] < 5.5
     assert open(written["loss_curve_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    out, err = capfd.readouterr()
+    assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step", "INTERRUPTED at step",
+                         "loss curve: ")
+    assert [line_kind(line) for line in err.splitlines()].count("recovery") == 3  # the move and two resumptions
+    assert_full_log(the_log(tmp_path / "runs" / written["run_name"], err), last_step=150)

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 from tests.gpu.configs import assert_learns, gpu_config, losses
 from training import launch
-from training.drills.cluster import free_port
 from training.loop import WorkerEnv, train
+from training.ray_local import free_port
 from training.telemetry import peak_flops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

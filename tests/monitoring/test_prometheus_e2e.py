@@ -20,7 +20,8 @@ from monitoring.dashboards import panel_queries, ray_dashboards, training_dashbo
 from monitoring.monitors import relabelings
 from monitoring.rules import rule_groups
 from tests.monitoring.prom import as_promql, binary, rules_file
-from training.drills.cluster import LocalCluster, free_port
+from training.drills.cluster import LocalCluster
+from training.ray_local import free_port
 
 CLUSTER = "e2e-cluster"
 # Panels with no data in a CPU run, and why.

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from tests.console import assert_full_log, assert_quiet_console, the_log
 from tests.corpus import write_corpus
 from tests.repo import REPO
 
@@ -120,10 +121,10 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))
     assert prep.returncode == 0, prep.stderr
     summary_path = tmp_path / "summary.json"
-    proc = spotray("train", "--set", f"data.path={tmp_path}/data", "--set", f"checkpoint.path={tmp_path}/ckpt",
-                   "--set", "train.max_steps=6", "--set", "checkpoint.every_steps=3", "--set", "train.seq_len=32",
-                   "--set", "scaling.num_workers=1", "--summary-json", str(summary_path),
-                   "--audit-dir", str(tmp_path / "audit"))
+    run = ["--set", f"data.path={tmp_path}/data", "--set", f"checkpoint.path={tmp_path}/ckpt", "--set",
+           "train.max_steps=6", "--set", "checkpoint.every_steps=3", "--set", "train.seq_len=32", "--set",
+           "scaling.num_workers=2", "--set", "run.name=cli"]
+    proc = spotray("train", *run, "--summary-json", str(summary_path), "--audit-dir", str(tmp_path / "audit"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     assert summary["final_step"] == 6 and summary["samples_consumed"] == 6 * 8
@@ -132,6 +133,15 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     commands = [p.read_text() for p in Path(image_env["SPOTRAY_TEST_IMPORT_LOG"]).iterdir()]
     assert any(c.split()[1:2] == ["train"] for c in commands), commands
     assert any("default_worker.py" in c for c in commands), "Ray's workers must have run without the extra too"
+
+    assert_quiet_console(proc.stdout + proc.stderr, "spotray: checkpoints: 2 kept")
+    assert proc.stdout.startswith("spotray: done: cli at step 6") and "every sample exactly once: yes" in proc.stdout
+    assert_full_log(the_log(tmp_path / "ckpt" / "cli", proc.stderr), last_step=6)
+
+    again = spotray("train", *run, "--set", "train.max_steps=8", "--verbose", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)["final_step"] == 8, "--json keeps stdout pure JSON"
+    assert "spotray INFO: step 8/8" in again.stderr, "--verbose shows the workers' lines"
 
 
 def test_prepare_on_ray_prints_its_summary_and_verify_names_a_damaged_shard(spotray, image_env, tmp_path):

@@ -39,7 +39,7 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
-    caplog.set_level(logging.INFO, "spotray.interval")
+    caplog.set_level(logging.INFO, "training.interval")
     interval = CheckpointInterval("auto", 1.0, 10_000, start_step=120)  # resumed at step 120
     assert "until this attempt has timed a save" in caplog.text
     assert not interval.due(120 + UNMEASURED_EVERY_STEPS - 1) and interval.due(120 + UNMEASURED_EVERY_STEPS)

@@ -29,7 +29,7 @@ def test_attention_is_causal():
 
 def test_learns_a_repeated_sequence():
     model = tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)  # 1e-2 oscillates on some CPUs
     x = torch.arange(17).unsqueeze(0) % 5
     for _ in range(60):
         loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())

@@ -247,7 +247,7 @@ def test_a_file_named_parquet_that_is_not_parquet_is_named(tmp_path):
 
 
 def test_a_missing_bucket_and_an_unreachable_endpoint_are_one_line_each(s3_server, tmp_path):
-    from training.drills.cluster import free_port
+    from training.ray_local import free_port
     from training.storage import StorageOptions
 
     with pytest.raises(StorageError, match=re.escape(

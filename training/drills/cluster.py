@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.errors import SpotrayError
+from training.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -49,6 +45,11 @@ class LocalCluster:
     address: str = ""
     nodes: list[Node] = field(default_factory=list)
     auth_token: str = field(default_factory=lambda: secrets.token_hex(32))
+    # Each node's own session directory, as on separate machines: a node's log monitor streams the output of the
+    # workers in its directory, so a shared one would send every line to the driver once per node. Short, for Ray's
+    # socket paths.
+    temp_root: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    dashboard_port: int = field(default_factory=free_port)
 
     def node_env(self) -> dict:
         """Environment of every node and client of this cluster (token auth, fast drain/poll settings)."""
@@ -57,13 +58,14 @@ class LocalCluster:
                 "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s),
                 "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
                 "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-                "RAY_USAGE_STATS_ENABLED": "0"}
+                "RAY_USAGE_STATS_ENABLED": "0", **state_api_env(self.dashboard_port)}
 
     def start(self, workers: int) -> LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=false",
+        self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
+                                            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                                             "--node-ip-address=127.0.0.1"]))
         for _ in range(workers):
             self.add_node()
@@ -96,6 +98,7 @@ class LocalCluster:
             if node.alive:
                 self.kill(node)
             _kill_group_leftovers(node.proc.pid)
+        shutil.rmtree(self.temp_root, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -108,7 +111,8 @@ class LocalCluster:
         # Real nodes have an address each; here every node's agent needs its own port, or a joining node's agent
         # spends seconds retrying the default one while the node comes up.
         metrics_port = free_port()
-        args = [*args, f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={metrics_port}"]
+        args = [*args, f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={metrics_port}",
+                f"--temp-dir={self.temp_root}/{len(self.nodes)}"]
         proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=self.node_env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         node = Node(name, proc, metrics_port)

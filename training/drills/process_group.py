@@ -10,8 +10,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from training.drills.cluster import free_port
 from training.errors import TrainingFailed
+from training.ray_local import free_port
 
 
 def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600) -> dict:
