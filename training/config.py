@@ -185,7 +185,7 @@ class FaultToleranceSection:
 
     max_failures: int = 3
     max_preemptions: int = -1
-    preemption_check_every_steps: int = 10
+    preemption_check_every_steps: int | str = AUTO  # or a count; auto: about once a second (training/interval.py)
     expected_interruptions_per_hour: float = 1.0  # what checkpoint.every_steps: auto plans for
     move_on_notice: bool = True  # after a notice's checkpoint, restart on other capacity instead of waiting
 
@@ -193,8 +193,9 @@ class FaultToleranceSection:
         for key in ("max_failures", "max_preemptions"):
             value = getattr(self, key)
             _require(value >= -1, f"fault_tolerance.{key}", f"must be -1 (infinite), 0 (off) or a count, got {value}")
-        _require(self.preemption_check_every_steps > 0, "fault_tolerance.preemption_check_every_steps",
-                 f"must be positive, got {self.preemption_check_every_steps}")
+        every = self.preemption_check_every_steps
+        _require(every == AUTO or isinstance(every, int) and every > 0, "fault_tolerance.preemption_check_every_steps",
+                 f"must be a positive number of steps or auto, got {every!r}", "auto asks about once a second")
         _require(self.expected_interruptions_per_hour > 0, "fault_tolerance.expected_interruptions_per_hour",
                  f"must be positive, got {self.expected_interruptions_per_hour}",
                  "give the pool's interruptions per hour, e.g. 0.5 (one every two hours)")

@@ -1,6 +1,9 @@
-"""How often to checkpoint. ``checkpoint.every_steps`` is a fixed count, or ``auto``: the Young–Daly interval from
-the saves this attempt has timed and ``fault_tolerance.expected_interruptions_per_hour``, re-evaluated after every
-save and logged when it changes. A preemption notice triggers its emergency checkpoint whatever the interval."""
+"""How often to checkpoint, and how often to ask Ray about preemptions.
+
+``checkpoint.every_steps`` is a fixed count, or ``auto``: the Young–Daly interval from the saves this attempt has
+timed and ``fault_tolerance.expected_interruptions_per_hour``, re-evaluated after every save and logged when it
+changes. A preemption notice triggers its emergency checkpoint whatever the interval.
+``fault_tolerance.preemption_check_every_steps`` is a fixed count, or ``auto``: about every ``CHECK_EVERY_S``."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ log = logging.getLogger(__name__)
 
 AUTO = "auto"
 UNMEASURED_EVERY_STEPS = 50  # ``auto`` before an attempt has timed a save
+# A notice leaves tens of seconds (two minutes on EC2); each check is a barrier through a Ray actor (~3 ms on CPU).
+CHECK_EVERY_S = 1.0
 
 
 def nominal_every_steps(every_steps: int | str) -> int:
@@ -63,3 +68,24 @@ class CheckpointInterval:
                      "%.3f s, %g interruptions expected per hour", steps, self.steps, blocking_save_s, save_s,
                      step_s, self.interruptions_per_hour)
             self.steps = steps
+
+
+class PreemptionChecks:
+    """Whether a step is due to ask Ray about preemptions. Fixed: every multiple of ``every_steps``. ``auto``: every
+    step until a step is timed, then once ``CHECK_EVERY_S`` of steps have passed since the last check."""
+
+    def __init__(self, every_steps: int | str):
+        self.auto = every_steps == AUTO
+        self.steps = 1 if self.auto else int(every_steps)
+        self.last_check_step: int | None = None
+
+    def due(self, step: int) -> bool:
+        if self.auto:
+            return self.last_check_step is None or step - self.last_check_step >= self.steps
+        return step % self.steps == 0
+
+    def checked(self, step: int, step_s: float) -> None:
+        """Asked at ``step``; a step takes ``step_s`` on the slowest rank (every rank must pass the same value)."""
+        self.last_check_step = step
+        if self.auto and step_s > 0:
+            self.steps = max(1, round(CHECK_EVERY_S / step_s))

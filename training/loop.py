@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 from training import ledger
 from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
 from training.config import TrainConfig
-from training.interval import CheckpointInterval, nominal_every_steps
+from training.interval import CheckpointInterval, PreemptionChecks, nominal_every_steps
 from training.optim import allocate_state, build_optimizer, build_scheduler
 from training.parallel import gradient_sync, parallelize
 from training.sampler import ElasticSampler
@@ -327,6 +327,7 @@ class _StepLoop:
         self.interval = CheckpointInterval(cfg.checkpoint.every_steps,
                                            cfg.fault_tolerance.expected_interruptions_per_hour, self.last_step,
                                            parts.progress.step)
+        self.preemption_checks = PreemptionChecks(cfg.fault_tolerance.preemption_check_every_steps)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -336,7 +337,7 @@ class _StepLoop:
                 self._log(step)
             if self.interval.due(step) or self.checkpointer.retry_due(step):
                 self._checkpoint(step)
-            if step % cfg.fault_tolerance.preemption_check_every_steps == 0 and step < self.last_step:
+            if self.preemption_checks.due(step) and step < self.last_step:
                 self._check_preemption(step)
         self._commit_final()
         return self._finish()
@@ -382,14 +383,18 @@ class _StepLoop:
         committed = self.checkpointer.save(step, self.parts.state)
         blocked = time.perf_counter() - started
         self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
-        step_s = self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s
-        measured = (blocked, self.checkpointer.last_save_s or blocked, step_s)
+        measured = (blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
         self.interval.checkpointed(step, *(_slowest_rank(measured, self.env.device) if self.interval.auto
                                            else measured))
         if committed:
             self.env.report({"step": committed.step})
 
+    def _mean_step_s(self) -> float:
+        return self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s
+
     def _check_preemption(self, step: int) -> None:
+        checks = self.preemption_checks
+        checks.checked(step, _slowest_rank((self._mean_step_s(),), self.env.device)[0] if checks.auto else 0.0)
         deadline = self.env.preemption_deadline()
         if deadline is not None:
             self._flush_logs(durable=True)

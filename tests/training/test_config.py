@@ -37,6 +37,8 @@ def test_yaml_file_then_overrides(tmp_path):
     (["checkpoint.every_steps=0"], "checkpoint.every_steps"),
     (["checkpoint.every_steps=often"], "checkpoint.every_steps"),
     (["fault_tolerance.expected_interruptions_per_hour=0"], "fault_tolerance.expected_interruptions_per_hour"),
+    (["fault_tolerance.preemption_check_every_steps=0"], "fault_tolerance.preemption_check_every_steps"),
+    (["fault_tolerance.preemption_check_every_steps=often"], "fault_tolerance.preemption_check_every_steps"),
     (["scaling.num_workers=3"], "train.global_batch_size"),
     (["fault_tolerance.max_failures=-2"], "fault_tolerance.max_failures"),
     (["run.name=has space"], "run.name"),

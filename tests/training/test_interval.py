@@ -1,4 +1,5 @@
-"""The checkpoint interval: Young–Daly's formula, its bounds, and ``every_steps: auto`` following measured saves."""
+"""The checkpoint interval (Young–Daly's formula, its bounds, ``every_steps: auto`` following measured saves) and the
+preemption checks' cadence."""
 
 import logging
 import math
@@ -8,7 +9,14 @@ import pytest
 
 from tests.training.configs import make_config
 from training.drills.process_group import run_on_process_group
-from training.interval import UNMEASURED_EVERY_STEPS, CheckpointInterval, interval_steps, young_daly_s
+from training.interval import (
+    CHECK_EVERY_S,
+    UNMEASURED_EVERY_STEPS,
+    CheckpointInterval,
+    PreemptionChecks,
+    interval_steps,
+    young_daly_s,
+)
 
 
 def test_young_daly_is_the_root_of_twice_the_save_time_the_mean_time_between_interruptions():
@@ -85,3 +93,50 @@ def test_the_auto_interval_lengthens_on_every_rank_when_one_ranks_saves_get_slow
     fast = [interval for step, interval in seen if step < 90]
     slow = [interval for step, interval in seen if step > 90]  # measured after a slower save
     assert fast and slow and min(slow) > 2 * max(fast), seen
+
+
+def test_fixed_preemption_checks_ask_at_multiples_and_auto_ones_about_once_a_second():
+    fixed = PreemptionChecks(4)
+    assert [s for s in range(1, 14) if fixed.due(s)] == [4, 8, 12]
+    fixed.checked(4, 0.001)
+    assert fixed.steps == 4
+    auto = PreemptionChecks("auto")
+    assert auto.due(31)  # nothing timed yet: the first step asks
+    auto.checked(31, 2.0)  # a step longer than CHECK_EVERY_S: every step
+    assert auto.due(32)
+    auto.checked(32, CHECK_EVERY_S / 40)
+    assert not auto.due(32 + 39) and auto.due(32 + 40)
+
+
+def _train_recording_preemption_checks(rank: int, world_size: int, config: dict, step_sleep_s: float) -> list:
+    """A rank of the drill below, each step ``step_sleep_s`` longer; returns the steps at which each rank asked."""
+    import torch.distributed as dist
+
+    from training.drills.process_group import train_worker
+    from training.loop import _StepRunner
+
+    step, checked, asked = _StepRunner.__call__, PreemptionChecks.checked, []
+
+    def slow_step(self, batch):
+        time.sleep(step_sleep_s)
+        return step(self, batch)
+
+    def record(self, at_step, step_s):
+        asked.append(at_step)
+        checked(self, at_step, step_s)
+
+    _StepRunner.__call__, PreemptionChecks.checked = slow_step, record
+    train_worker(rank, world_size, config)
+    every_rank = [None] * world_size
+    dist.all_gather_object(every_rank, asked)
+    return every_rank
+
+
+def test_auto_preemption_checks_ask_at_the_same_steps_on_every_rank_about_once_a_second(dataset_url, tmp_path):
+    cfg = make_config(dataset_url, str(tmp_path), "checks", "train.max_steps=150", "checkpoint.every_steps=1000",
+                      "fault_tolerance.preemption_check_every_steps=auto")
+    asked, on_rank_1 = run_on_process_group(_train_recording_preemption_checks, (cfg.to_dict(), 0.04), 2)
+    assert asked == on_rank_1  # a check is a barrier: ranks asking at different steps would hang
+    assert asked[0] == 1
+    gaps = [b - a for a, b in zip(asked[2:], asked[3:], strict=False)]  # once steps are timed
+    assert gaps and all(3 <= gap <= CHECK_EVERY_S / 0.04 for gap in gaps), asked
