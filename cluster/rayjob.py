@@ -44,11 +44,13 @@ _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The cluster side of a training job, resolved from the stack: the image and GPU pool it runs on, each
-    worker's resources, secrets and retries (``job``), and the object store it reaches."""
+    """The cluster side of a training job, resolved from the stack: the image and GPU pool it runs on (and the
+    pool's interruption rate, where the stack gives it), each worker's resources, secrets and retries (``job``), and
+    the object store it reaches."""
 
     image: str
     gpu_pool: str
+    pool_interruptions_per_hour: float | None = None
     job: TrainingJobConfig = field(default_factory=TrainingJobConfig)
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
@@ -57,7 +59,10 @@ class JobSettings:
 def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | None = None) -> JobSettings:
     """The job settings of ``stack``; ``image`` and ``gpu_pool`` replace the stack's (``spotray submit``)."""
     minio = stack.storage.backend == "minio"
-    return JobSettings(image=stack.job_image(image), gpu_pool=stack.job_pool(gpu_pool), job=stack.training,
+    pool = stack.job_pool(gpu_pool)
+    rate = next((p.interruptions_per_hour for p in stack.gpu_pools if p.name == pool), None)
+    return JobSettings(image=stack.job_image(image), gpu_pool=pool, pool_interruptions_per_hour=rate,
+                       job=stack.training,
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
                        storage_secret=STORAGE_SECRET if minio else None)
 
@@ -72,8 +77,12 @@ def job_name(cfg: TrainConfig) -> str:
 
 def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     """The training config the job's entrypoint reads, mounted into the head. Every pod gets the storage
-    credentials and env.forward variables from Secrets, so the driver does not copy them again."""
+    credentials and env.forward variables from Secrets, so the driver does not copy them again. A run that sets no
+    interruption rate plans for its pool's."""
     cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
+    if cfg.fault_tolerance.expected_interruptions_per_hour is None:
+        rate = settings.pool_interruptions_per_hour
+        cfg = replace(cfg, fault_tolerance=replace(cfg.fault_tolerance, expected_interruptions_per_hour=rate))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{job_name(cfg)}-config", "namespace": TRAINING_NAMESPACE},
             "data": {CONFIG_FILE: yaml.safe_dump(cfg.to_dict(), sort_keys=True)}}

@@ -179,6 +179,9 @@ class StorageSection:
         return StorageOptions(endpoint_url=self.endpoint_url, region=self.region)
 
 
+DEFAULT_INTERRUPTIONS_PER_HOUR = 1.0
+
+
 @dataclass(frozen=True)
 class FaultToleranceSection:
     """Real failures and preemptions have separate budgets: on spot, preemptions are routine."""
@@ -186,7 +189,9 @@ class FaultToleranceSection:
     max_failures: int = 3
     max_preemptions: int = -1
     preemption_check_every_steps: int | str = AUTO  # or a count; auto: about once a second (training/interval.py)
-    expected_interruptions_per_hour: float = 1.0  # what checkpoint.every_steps: auto plans for
+    # What checkpoint.every_steps: auto plans for. None: the GPU pool's interruptionsPerHour where the stack sets it
+    # (cluster/rayjob.py fills it in), else DEFAULT_INTERRUPTIONS_PER_HOUR.
+    expected_interruptions_per_hour: float | None = None
     move_on_notice: bool = True  # after a notice's checkpoint, restart on other capacity instead of waiting
 
     def __post_init__(self):
@@ -196,9 +201,14 @@ class FaultToleranceSection:
         every = self.preemption_check_every_steps
         _require(every == AUTO or isinstance(every, int) and every > 0, "fault_tolerance.preemption_check_every_steps",
                  f"must be a positive number of steps or auto, got {every!r}", "auto asks about once a second")
-        _require(self.expected_interruptions_per_hour > 0, "fault_tolerance.expected_interruptions_per_hour",
-                 f"must be positive, got {self.expected_interruptions_per_hour}",
-                 "give the pool's interruptions per hour, e.g. 0.5 (one every two hours)")
+        rate = self.expected_interruptions_per_hour
+        _require(rate is None or rate > 0, "fault_tolerance.expected_interruptions_per_hour",
+                 f"must be positive, got {rate}", "give the pool's interruptions per hour, e.g. 0.5 (one every two "
+                 "hours), or leave it out for the pool's own or 1")
+
+    @property
+    def interruptions_per_hour(self) -> float:
+        return self.expected_interruptions_per_hour or DEFAULT_INTERRUPTIONS_PER_HOUR
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ class _StepLoop:
         self.pending_losses: list[tuple[int, torch.Tensor, int, float]] = []
         self.timed_steps, self.timed_seconds, self.last_step_s = 0, 0.0, 0.0
         self.interval = CheckpointInterval(cfg.checkpoint.every_steps,
-                                           cfg.fault_tolerance.expected_interruptions_per_hour, self.last_step,
+                                           cfg.fault_tolerance.interruptions_per_hour, self.last_step,
                                            parts.progress.step)
         self.preemption_checks = PreemptionChecks(cfg.fault_tolerance.preemption_check_every_steps)
 

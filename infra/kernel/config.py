@@ -156,6 +156,8 @@ class GpuPoolConfig(Section):
     on_demand_fallback: bool = setting("onDemandFallback", False)
     labels: Mapping[str, str] = setting("labels", factory=dict)
     warm_spares: int = setting("warmSpares", 0)  # idle nodes held by placeholders, taken at once by a worker
+    # The pool's interruption history: the rate checkpoint.every_steps: auto plans for, unless the run sets its own
+    interruptions_per_hour: float | None = setting("interruptionsPerHour", None)
 
     def __post_init__(self):
         self.require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
@@ -168,6 +170,10 @@ class GpuPoolConfig(Section):
         self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
         self.require(self.warm_spares >= 0, "warm_spares", f"is {self.warm_spares}",
                      "use 0 (no spares) or the number of idle nodes to keep ready")
+        rate = self.interruptions_per_hour
+        self.require(rate is None or rate > 0, "interruptions_per_hour", f"is {rate}",
+                     "give the rate the pool has seen (the spotray training dashboard's Interruptions), e.g. 0.5, or "
+                     "leave it out")
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
         self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
 

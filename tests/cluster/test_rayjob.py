@@ -1,11 +1,13 @@
 import json
+from dataclasses import replace
 
 import jsonschema
 import pytest
 import yaml
 
-from cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, rayjob
+from cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, job_settings, rayjob
 from infra.kernel.config import TrainingJobConfig
+from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
 from training.config import from_dict, load
 from training.errors import ConfigError
@@ -120,6 +122,21 @@ def test_the_driver_copies_no_variables_because_every_pod_gets_them_from_secrets
     assert from_dict(yaml.safe_load(cm["data"]["train.yaml"])).env.on_nodes is True
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY"} <= {e["name"] for e in workers}
+
+
+def _planned_rate(cfg, settings) -> float:
+    return from_dict(yaml.safe_load(config_map(cfg, settings)["data"]["train.yaml"])).fault_tolerance \
+        .interruptions_per_hour
+
+
+def test_a_run_that_sets_no_interruption_rate_plans_for_its_pools_and_one_that_does_keeps_its_own(project):
+    pools = [{"name": "a10g-spot", "families": ["g5"]}, {"name": "h100-spot", "families": ["p5"],
+                                                         "interruptionsPerHour": 0.25}]
+    settings = job_settings(stack(project, gpu_pools=pools, gpuPool="h100-spot"))
+    assert settings.pool_interruptions_per_hour == 0.25
+    assert _planned_rate(train_config(), settings) == 0.25
+    assert _planned_rate(train_config("fault_tolerance.expected_interruptions_per_hour=3"), settings) == 3
+    assert _planned_rate(train_config(), replace(settings, pool_interruptions_per_hour=None)) == 1  # no history
 
 
 def test_names_longer_than_kuberay_allows_are_refused():

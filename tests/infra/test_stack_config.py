@@ -81,6 +81,8 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
       "training": {"image": "x.io/spotray:1", "gpusPerWorker": 2}}, "gpuPools[0].warmSpares", "raise gpuLimit"),
     ({"gpuPools": [{"name": "a", "families": ["g5"], "warmSpares": 1}]}, "gpuPools[0].warmSpares",
      "set training.image"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "interruptionsPerHour": 0}]}, "gpuPools[0].interruptionsPerHour",
+     "leave it out"),
 ])
 def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:
