@@ -52,14 +52,14 @@ def _cmd_train(args: argparse.Namespace) -> None:
     from training.console import RunConsole
     from training.errors import TrainingFailed
 
-    launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before the log file exists
+    task = launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before any log file
     console = RunConsole(launch.log_location(cfg), verbose=args.verbose)
     try:
         with console:
             for line in launch.header(cfg, console.where, args.verbose):
                 console.say(line)
             try:
-                summary = launch.run(cfg, worker_logs=not args.no_worker_logs, console=console.stream)
+                summary = launch.run(cfg, worker_logs=not args.no_worker_logs, console=console.stream, task=task)
             finally:
                 launch.leave_ray()  # inside: Ray's last words go to the log too
     except TrainingFailed as exc:

@@ -151,6 +151,16 @@ class ScalingSection:
             _require(isinstance(value, (int, float)) and value >= 0, f"scaling.resources_per_worker.{key}",
                      f"must be a non-negative number, got {value!r}")
 
+    @property
+    def worker_resources(self) -> dict:
+        """What one worker holds: ``resources_per_worker``, or Ray Train's default of a CPU (and a GPU)."""
+        return self.resources_per_worker or {"CPU": 1, **({"GPU": 1} if self.use_gpu else {})}
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend."""
+        return "nccl" if self.use_gpu else "gloo"
+
 
 @dataclass(frozen=True)
 class CheckpointSection:

@@ -69,7 +69,7 @@ def _preemption_deadline() -> float | None:
 def _fits_elsewhere(cfg: TrainConfig) -> bool:
     """Whether the alive nodes that are not being preempted have the resources of the whole worker group (their
     totals: the group's own share on them frees up when the attempt ends)."""
-    per_worker = cfg.scaling.resources_per_worker or {"CPU": 1, **({"GPU": 1} if cfg.scaling.use_gpu else {})}
+    per_worker = cfg.scaling.worker_resources
     totals: dict[str, float] = {}
     for node in ray.nodes():
         if node["Alive"] and node["NodeID"] not in _preempted_nodes:
@@ -92,11 +92,12 @@ def preflight(cfg: TrainConfig) -> Task:
     return task
 
 
-def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = None) -> dict:
+def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = None, task: Task | None = None) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary.
-    Progress and interruption lines go to ``console`` (default: stderr)."""
+    Progress and interruption lines go to ``console`` (default: stderr); ``task``: what ``preflight`` returned, if
+    the caller ran it."""
     cfg = with_absolute_paths(cfg)
-    task = preflight(cfg)
+    task = task or preflight(cfg)
     runtime_env = worker_runtime_env(cfg)  # refuses an oversized working dir before Ray starts
     _ensure_ray(cfg, worker_logs)
     root = run_root(cfg)
@@ -128,11 +129,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
     """What ``spotray train`` says first: the run, where it trains, where its checkpoints and log go."""
     scaling, root = cfg.scaling, run_root(with_absolute_paths(cfg))
-    per_worker = scaling.resources_per_worker or {"CPU": 1, **({"GPU": 1} if scaling.use_gpu else {})}
-    each = ", ".join(f"{amount:g} {name}" for name, amount in per_worker.items())
-    backend = "NCCL" if scaling.use_gpu else "gloo"
+    each = ", ".join(f"{amount:g} {name}" for name, amount in scaling.worker_resources.items())
     return [f"run {cfg.run.name}: {cfg.train.max_steps} steps on {scaling.num_workers} workers ({each} each, "
-            f"{cfg.parallel.upper()} over {backend}); checkpoints in {checkpoints_root(root).url}",
+            f"{cfg.parallel.upper()} over {scaling.backend}); checkpoints in {checkpoints_root(root).url}",
             f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
 
 
@@ -152,7 +151,7 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
             use_gpu=cfg.scaling.use_gpu,
             resources_per_worker=cfg.scaling.resources_per_worker or None,
         ),
-        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend=cfg.scaling.backend),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=storage.path,

@@ -449,7 +449,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     if too_short:
         telemetry.notice(step, noticed_at, committed=False)
         log.info("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
-                    "a restart resumes from the last committed checkpoint", remaining, estimate)
+                 "a restart resumes from the last committed checkpoint", remaining, estimate)
         return False
     started = time.monotonic()
     committed = checkpointer.ensure_saved(step, state)
@@ -462,7 +462,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     env.report({"step": step, "emergency": True})
     if env.rank == 0:
         log.info("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
-                    "deadline", step, time.monotonic() - started, deadline - time.time())
+                 "deadline", step, time.monotonic() - started, deadline - time.time())
     waiting_since, asking = time.monotonic(), move_on
     while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
         # Rank 0 asks and every rank follows, until shortly before the deadline: a peer dying inside a collective
@@ -476,7 +476,7 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
             telemetry.moved(time.time())
             if env.rank == 0:
                 log.info("preemption notice: the worker group fits on other nodes: restarting there from "
-                            "step %d without waiting for the node to go", step)
+                         "step %d without waiting for the node to go", step)
             return True
         time.sleep(MOVE_ON_POLL_S)
     telemetry.drain_wait(time.monotonic() - waiting_since)
