@@ -12,6 +12,7 @@ import torch
 from tests.training.configs import make_config
 from training import goodput, launch, ledger, loop
 from training.checkpoint import Checkpointer, checkpoints_root, list_committed
+from training.errors import TrainingFailed
 from training.launch import failure_config
 from training.loop import WorkerEnv, _survive_preemption
 from training.storage import resolve
@@ -108,3 +109,20 @@ def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_
     assert not launch._fits_elsewhere(cfg)
     nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
     assert launch._fits_elsewhere(cfg)
+
+
+@pytest.mark.parametrize("budget", [1, -1])
+def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_budget(dataset_url, tmp_path,
+                                                                                      monkeypatch, budget):
+    attempts_moved = iter([True, True, False])  # two attempts move on a notice, the third finishes
+    monkeypatch.setattr(launch, "_fit", lambda *_: next(attempts_moved))
+    monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
+    monkeypatch.setattr(launch, "summarize", lambda *_: {"finished": True})
+    cfg = make_config(dataset_url, str(tmp_path), "moves", f"fault_tolerance.max_preemptions={budget}",
+                      "fault_tolerance.max_failures=0")
+    if budget == 1:
+        with pytest.raises(TrainingFailed, match=r"moved on 2 preemption notices, over "
+                                                 r"fault_tolerance.max_preemptions=1; raise it"):
+            launch.run(cfg)
+    else:
+        assert launch.run(cfg) == {"finished": True}
