@@ -91,7 +91,7 @@ def test_the_auto_interval_lengthens_on_every_rank_when_one_ranks_saves_get_slow
     assert steps[0] == UNMEASURED_EVERY_STEPS  # nothing measured before the first save
     assert all(later - earlier == interval for (earlier, interval), later in zip(seen, steps[1:], strict=False))
     fast = [interval for step, interval in seen if step < 90]
-    slow = [interval for step, interval in seen if step > 90]  # measured after a slower save
+    slow = [interval for step, interval in seen if step >= 90]  # chosen after a slower save (maybe the run's last)
     assert fast and slow and min(slow) > 2 * max(fast), seen
 
 
