@@ -153,8 +153,11 @@ class ScalingSection:
 
     @property
     def worker_resources(self) -> dict:
-        """What one worker holds: ``resources_per_worker``, or Ray Train's default of a CPU (and a GPU)."""
-        return self.resources_per_worker or {"CPU": 1, **({"GPU": 1} if self.use_gpu else {})}
+        """What Ray Train reserves for one worker: the non-zero ``resources_per_worker``, else a CPU, or a GPU
+        alone where ``use_gpu`` (which also adds a GPU to ``resources_per_worker`` that names none)."""
+        resources = ({name: amount for name, amount in self.resources_per_worker.items() if amount}
+                     if self.resources_per_worker else {} if self.use_gpu else {"CPU": 1})
+        return {**resources, "GPU": resources.get("GPU", 1)} if self.use_gpu else resources
 
     @property
     def backend(self) -> str:

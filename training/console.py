@@ -32,6 +32,7 @@ LINE_KINDS = {
     "progress": re.compile(r"^(spotray: step \d+/\d+ \||prepare: [\d,]+ docs \|)"),
     "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|INTERRUPTED|FAILURE) at step \d+"),
     "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED) from step \d+"),
+    "waiting": re.compile(r"^spotray: WAITING for capacity: "),
     "warning": re.compile(r"^spotray: (warning|error): "),
     "summary": re.compile(r"^(spotray: (done|checkpoints):|loss curve: |event |-+ |notice |kill |error |goodput )"),
 }

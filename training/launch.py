@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from training import goodput, ledger
+from training.capacity import worker_group_placement
 from training.checkpoint import checkpoints_root, list_committed
 from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from training.console import WORKER_FORMAT
@@ -104,7 +106,8 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
     try:
-        with ProgressMonitor(attempts, units_per_step(cfg, task), stream=console):
+        with ProgressMonitor(attempts, units_per_step(cfg, task), stream=console,
+                             placement=functools.partial(worker_group_placement, cfg.scaling)):
             moves = 0
             while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
                 moves += 1

@@ -1,15 +1,22 @@
-"""The driver's live view of a run, read from the ledger rank 0 keeps in storage: a progress line, and one
-line per interruption and per recovery."""
+"""The driver's live view of a run, read from the ledger rank 0 keeps in storage: a progress line, one line per
+interruption and per recovery, and one when the workers wait for capacity."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from training import goodput, ledger
 from training.errors import SpotrayError
 from training.storage import Location
+
+if TYPE_CHECKING:
+    from training.capacity import Placement
+
+WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
 
 
 def clock(seconds: float) -> str:
@@ -33,10 +40,16 @@ def progress_line(status: dict, tokens_per_step: int) -> str:
 
 
 class ProgressMonitor:
-    """Polls the run's attempts while ``fit`` runs; a TTY gets one rewritten line, a log a line every 10 s."""
+    """Polls the run's attempts while ``fit`` runs; a TTY gets one rewritten line, a log a line every 10 s.
+    ``placement`` (``capacity.worker_group_placement`` bound to the run's scaling) tells when Ray has been unable to
+    place the worker group for ``WAITING_AFTER_S``: one line per wait."""
 
-    def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0):
+    def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0,
+                 placement: Callable[[], Placement | None] | None = None):
         self.root, self.tokens_per_step = attempts_root, tokens_per_step
+        self.placement = placement
+        self._waiting_since: float | None = None
+        self._waiting_said = False
         self.stream = stream or sys.stderr
         self.interval_s = interval_s
         self.tty = self.stream.isatty()
@@ -69,6 +82,7 @@ class ProgressMonitor:
         return ledger.read_attempts(self.root, self._known)
 
     def poll(self) -> None:
+        self._capacity()
         attempts = self._attempts()
         statuses = {a.attempt_id: goodput.read_status(self.root, a.attempt_id) for a in attempts[-2:]}
         if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
@@ -102,6 +116,23 @@ class ProgressMonitor:
         if event.recovery_s is not None and self._once(cur.attempt_id, "resumed"):
             self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
                         f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
+
+    def _capacity(self) -> None:
+        """A wait ends when the group is placed; between Ray Train's tries to place it there may be no group."""
+        try:
+            placement = self.placement() if self.placement else None
+        except Exception:  # noqa: BLE001 - advisory: a cluster going away is reported by the run itself
+            return
+        if placement is None:
+            return
+        if placement.placed:
+            self._waiting_since, self._waiting_said = None, False
+            return
+        now = time.monotonic()
+        self._waiting_since = self._waiting_since or now
+        if not self._waiting_said and now - self._waiting_since >= WAITING_AFTER_S:
+            self._waiting_said = True
+            self._event(f"WAITING for capacity: {placement.waiting_for}; training goes on when nodes join")
 
     def _once(self, attempt_id: str, what: str) -> bool:
         key = (attempt_id, what)

@@ -170,3 +170,26 @@ def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(da
     history = attempts_and_last_steps(tmp_path)
     (_, first_last), (second_from, _) = history[0], history[-1]
     assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
+
+
+def wait_for_line(tmp_path, text: str, driver: subprocess.Popen, timeout_s: float = 90) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and driver.poll() is None:
+        if text in (tmp_path / "driver.log").read_text():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{text!r} did not appear; driver log:\n{(tmp_path / 'driver.log').read_text()[-3000:]}")
+
+
+@pytest.mark.slow  # test_capacity checks the placement probe and the console line in make test
+def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(dataset_url, tmp_path):
+    with LocalCluster(tmp_path / "ray-logs").start(workers=0) as cluster:  # the head alone: no CPU for a worker
+        driver = start_training(dataset_url, tmp_path, cluster)
+        wait_for_line(tmp_path, "spotray: WAITING for capacity: 2 workers of 1 CPU each", driver)
+        cluster.add_node()
+        cluster.add_node()
+        summary = finish(driver, tmp_path)
+    assert summary["final_step"] == MAX_STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    console = (tmp_path / "driver.log").read_text()
+    assert_quiet_console(console, "the cluster has 0 CPU free and no node big enough for one worker")
+    assert console.count("WAITING for capacity") == 1, console

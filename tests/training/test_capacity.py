@@ -1,0 +1,84 @@
+"""Whether Ray has placed the worker group (a real local Ray), and the console's one line per wait for capacity."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from ray.train import ScalingConfig
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from training import progress
+from training.capacity import Placement, worker_group_placement
+from training.config import ScalingSection
+from training.console import line_kind
+from training.storage import resolve
+
+
+@pytest.mark.parametrize(("use_gpu", "resources"), [(False, {}), (True, {}), (False, {"CPU": 2, "memory": 0}),
+                                                     (True, {"CPU": 8}), (True, {"CPU": 4, "GPU": 0.5})])
+def test_a_workers_resources_are_what_ray_train_reserves_for_it(use_gpu, resources):
+    ray_train = ScalingConfig(num_workers=2, use_gpu=use_gpu, resources_per_worker=resources or None)
+    ours = ScalingSection(num_workers=2, use_gpu=use_gpu, resources_per_worker=resources).worker_resources
+    assert ours == ray_train._resources_per_worker_not_none
+
+
+def test_the_worker_groups_placement_is_pending_without_the_resources_and_placed_with_them(ray_cluster):
+    on_spot = ScalingSection(num_workers=2, resources_per_worker={"CPU": 1, "spot_gpu": 1})
+    assert worker_group_placement(on_spot) is None  # no group yet
+    pending = placement_group([on_spot.worker_resources] * 2)
+    try:
+        assert not pending.wait(1)
+        placement = worker_group_placement(on_spot)
+        assert placement is not None and not placement.placed
+        assert placement.waiting_for.startswith("2 workers of 1 CPU, 1 spot_gpu each; the cluster has ")
+        assert "0 spot_gpu free and no node big enough for one worker" in placement.waiting_for
+    finally:
+        remove_placement_group(pending)
+    on_cpus = ScalingSection(num_workers=2, resources_per_worker={"CPU": 1})
+    placed = placement_group([on_cpus.worker_resources] * 2)
+    try:
+        assert placed.wait(30)
+        assert worker_group_placement(on_cpus) == Placement(True)
+        assert worker_group_placement(on_spot) is None  # the removed group no longer counts
+    finally:
+        remove_placement_group(placed)
+
+
+def test_the_console_says_once_per_wait_that_the_workers_wait_for_capacity(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    waiting = Placement(False, "2 workers of 1 GPU each; the cluster has 0 GPU free")
+    answers = {"state": waiting}
+    stream = io.StringIO()
+    monitor = progress.ProgressMonitor(resolve(str(tmp_path / "attempts")), 1024, stream=stream,
+                                       placement=lambda: answers["state"])
+
+    def poll_for(seconds: float) -> list[str]:
+        for _ in range(int(seconds / 2)):
+            monitor.poll()
+            now[0] += 2
+        return stream.getvalue().splitlines()
+
+    assert poll_for(progress.WAITING_AFTER_S - 2) == []  # a placement that takes seconds is not a wait
+    lines = poll_for(60)
+    assert lines == ["spotray: WAITING for capacity: 2 workers of 1 GPU each; the cluster has 0 GPU free; "
+                     "training goes on when nodes join"]
+    assert line_kind(lines[0]) == "waiting"
+    answers["state"] = None  # between two of Ray Train's tries to place the group: the same wait
+    poll_for(4)
+    answers["state"] = waiting
+    assert len(poll_for(60)) == 1
+    answers["state"] = Placement(True)  # placed: the next wait is another one
+    poll_for(2)
+    answers["state"] = waiting
+    assert len(poll_for(progress.WAITING_AFTER_S + 2)) == 2
+
+
+def test_a_failing_placement_probe_says_nothing_and_the_monitor_goes_on(tmp_path):
+    def lost_cluster():
+        raise ConnectionError("GCS unreachable")
+
+    stream = io.StringIO()
+    progress.ProgressMonitor(resolve(str(tmp_path / "attempts")), 1024, stream=stream, placement=lost_cluster).poll()
+    assert stream.getvalue() == ""
