@@ -38,14 +38,20 @@ def start_training(dataset_url: str, tmp_path, cluster: LocalCluster, *extra: st
                             stderr=subprocess.STDOUT)
 
 
-def wait_for_checkpoint(tmp_path, step: int, driver: subprocess.Popen, timeout_s: float = 180, run_root=None) -> None:
-    root = checkpoints_root(run_root or resolve(f"{tmp_path}/ckpt").child("drill"))
+def wait_until(appeared, what: str, tmp_path, driver: subprocess.Popen, timeout_s: float = 180) -> None:
+    """Until ``appeared()``, while the driver runs; else the test fails with the driver's log."""
     deadline = time.time() + timeout_s
     while time.time() < deadline and driver.poll() is None:
-        if any(c.step >= step for c in list_committed(root)):
+        if appeared():
             return
         time.sleep(0.2)
-    pytest.fail(f"no checkpoint of step {step} appeared; driver log:\n{(tmp_path / 'driver.log').read_text()[-3000:]}")
+    pytest.fail(f"{what} did not appear; driver log:\n{(tmp_path / 'driver.log').read_text()[-3000:]}")
+
+
+def wait_for_checkpoint(tmp_path, step: int, driver: subprocess.Popen, run_root=None) -> None:
+    root = checkpoints_root(run_root or resolve(f"{tmp_path}/ckpt").child("drill"))
+    wait_until(lambda: any(c.step >= step for c in list_committed(root)), f"a checkpoint of step {step}", tmp_path,
+               driver)
 
 
 def finish(driver: subprocess.Popen, tmp_path, timeout_s: float = 400) -> dict:
@@ -172,20 +178,12 @@ def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(da
     assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
 
 
-def wait_for_line(tmp_path, text: str, driver: subprocess.Popen, timeout_s: float = 90) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and driver.poll() is None:
-        if text in (tmp_path / "driver.log").read_text():
-            return
-        time.sleep(0.5)
-    pytest.fail(f"{text!r} did not appear; driver log:\n{(tmp_path / 'driver.log').read_text()[-3000:]}")
-
-
 @pytest.mark.slow  # test_capacity checks the placement probe and the console line in make test
 def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(dataset_url, tmp_path):
     with LocalCluster(tmp_path / "ray-logs").start(workers=0) as cluster:  # the head alone: no CPU for a worker
         driver = start_training(dataset_url, tmp_path, cluster)
-        wait_for_line(tmp_path, "spotray: WAITING for capacity: 2 workers of 1 CPU each", driver)
+        waiting = "spotray: WAITING for capacity: 2 workers of 1 CPU each"
+        wait_until(lambda: waiting in (tmp_path / "driver.log").read_text(), repr(waiting), tmp_path, driver)
         cluster.add_node()
         cluster.add_node()
         summary = finish(driver, tmp_path)
