@@ -143,7 +143,8 @@ class ProgressMonitor:
 
     def _event(self, text: str) -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + f"spotray: {text}\n")
-        self._last_line = ""
+        if self.tty:
+            self._last_line = ""  # the event's line took the progress line's place: draw it again
         self.stream.flush()
 
     def _progress(self, status: dict) -> None:

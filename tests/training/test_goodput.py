@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.training.ledgers import write_attempt
-from training import goodput, ledger
+from training import goodput, ledger, progress
 from training.progress import ProgressMonitor
 from training.storage import resolve
 from training.telemetry import RankZeroTelemetry
@@ -108,6 +108,26 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
         "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost by the records, "
         "at most 19",
     ]
+
+
+def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_path, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()  # not a terminal: every line stays in the log
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    at_70 = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1100.0, "step": 70}
+    notice = {"step": 73, "at": 1090.0, "committed": True}
+    for status in (at_70, {**at_70, "notice": notice}, {**at_70, "notice": notice, "moved_at": 1096.0},
+                   {**at_70, "step": 75}):
+        write_attempt(root, "a", 0, status["step"], status)
+        monitor.poll()
+        now[0] += 12  # past the 10 s a log waits between progress lines
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" |")[0] for line in lines] == [
+        "spotray: step 70/100", "spotray: PREEMPTION NOTICE at step 73: emergency checkpoint committed",
+        "spotray: MOVING ON from step 73: the workers restart on other nodes, 6.0s after the notice, without "
+        "waiting for the node", "spotray: step 75/100"]
 
 
 def test_the_driver_reads_each_attempts_record_once(tmp_path):
