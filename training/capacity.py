@@ -1,8 +1,11 @@
-"""Whether Ray has placed the worker group, and what it waits for while it has not: a spot pool provisioning a node
-leaves the run with nothing to show for minutes, and the console says why."""
+"""What the Ray cluster can hold: whether Ray has placed the worker group and what it waits for while it has not (a
+spot pool provisioning a node leaves the run with nothing to show for minutes, and the console says why), and
+whether the group fits on nodes other than those being preempted."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import ray
@@ -37,11 +40,32 @@ def _same(resources: dict, bundle: dict) -> bool:
 def _waiting_for(scaling: ScalingSection) -> str:
     bundle = scaling.worker_resources
     free = ray.available_resources()
-    each = ", ".join(f"{amount:g} {name}" for name, amount in bundle.items())
-    have = ", ".join(f"{free.get(name, 0.0):g} {name}" for name in bundle)
-    line = f"{scaling.num_workers} workers of {each} each; the cluster has {have} free"
-    if not any(all(node["Resources"].get(name, 0.0) >= amount for name, amount in bundle.items())
-               for node in ray.nodes() if node["Alive"]):
+    line = (f"{scaling.num_workers} workers of {resources_text(bundle)} each; the cluster has "
+            f"{resources_text({name: free.get(name, 0.0) for name in bundle})} free")
+    if not any(_holds(node, bundle) for node in _node_resources()):
         line += (" and no node big enough for one worker (an autoscaler must add one, or lower "
                  "scaling.resources_per_worker)")
     return line
+
+
+def group_fits(scaling: ScalingSection, excluding: Collection[str]) -> bool:
+    """Whether the alive nodes but ``excluding`` have the resources of the whole worker group (their totals: the
+    group's own share on them frees up when its attempt ends)."""
+    totals: Counter = Counter()
+    for resources in _node_resources(excluding):
+        totals.update(resources)
+    return _holds(totals, {name: amount * scaling.num_workers for name, amount in scaling.worker_resources.items()})
+
+
+def _node_resources(excluding: Collection[str] = ()) -> list[dict]:
+    """Each alive node's total resources, but for the node IDs in ``excluding``."""
+    return [node["Resources"] for node in ray.nodes() if node["Alive"] and node["NodeID"] not in excluding]
+
+
+def _holds(resources: dict, needed: dict) -> bool:
+    return all(resources.get(name, 0.0) >= amount for name, amount in needed.items())
+
+
+def resources_text(resources: dict) -> str:
+    """``{"CPU": 1, "GPU": 0.5}`` as "1 CPU, 0.5 GPU"."""
+    return ", ".join(f"{amount:g} {name}" for name, amount in resources.items())

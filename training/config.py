@@ -155,9 +155,12 @@ class ScalingSection:
     def worker_resources(self) -> dict:
         """What Ray Train reserves for one worker: the non-zero ``resources_per_worker``, else a CPU, or a GPU
         alone where ``use_gpu`` (which also adds a GPU to ``resources_per_worker`` that names none)."""
-        resources = ({name: amount for name, amount in self.resources_per_worker.items() if amount}
-                     if self.resources_per_worker else {} if self.use_gpu else {"CPU": 1})
-        return {**resources, "GPU": resources.get("GPU", 1)} if self.use_gpu else resources
+        if not self.resources_per_worker:
+            return {"GPU": 1} if self.use_gpu else {"CPU": 1}
+        resources = {name: amount for name, amount in self.resources_per_worker.items() if amount}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1)
+        return resources
 
     @property
     def backend(self) -> str:

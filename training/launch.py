@@ -17,7 +17,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from training import goodput, ledger
-from training.capacity import worker_group_placement
+from training.capacity import group_fits, resources_text, worker_group_placement
 from training.checkpoint import checkpoints_root, list_committed
 from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from training.console import WORKER_FORMAT
@@ -41,7 +41,7 @@ def ray_train_fn(config: dict) -> None:
     cfg = from_dict(config)
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
-                    ray.train.report, _preemption_deadline, lambda: _fits_elsewhere(cfg))
+                    ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes))
     train(cfg, env)
 
 
@@ -66,18 +66,6 @@ def _preemption_deadline() -> float | None:
         return None
     _preempted_nodes.update(info.preempted_node_ids)
     return info.deadline_ms / 1000 if info.deadline_ms else time.time() + SPOT_NOTICE_S
-
-
-def _fits_elsewhere(cfg: TrainConfig) -> bool:
-    """Whether the alive nodes that are not being preempted have the resources of the whole worker group (their
-    totals: the group's own share on them frees up when the attempt ends)."""
-    per_worker = cfg.scaling.worker_resources
-    totals: dict[str, float] = {}
-    for node in ray.nodes():
-        if node["Alive"] and node["NodeID"] not in _preempted_nodes:
-            for name, amount in node["Resources"].items():
-                totals[name] = totals.get(name, 0.0) + amount
-    return all(totals.get(name, 0.0) >= amount * cfg.scaling.num_workers for name, amount in per_worker.items())
 
 
 def failure_config(cfg: TrainConfig) -> FailureConfig:
@@ -132,8 +120,8 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
     """What ``spotray train`` says first: the run, where it trains, where its checkpoints and log go."""
     scaling, root = cfg.scaling, run_root(with_absolute_paths(cfg))
-    each = ", ".join(f"{amount:g} {name}" for name, amount in scaling.worker_resources.items())
-    return [f"run {cfg.run.name}: {cfg.train.max_steps} steps on {scaling.num_workers} workers ({each} each, "
+    return [f"run {cfg.run.name}: {cfg.train.max_steps} steps on {scaling.num_workers} workers "
+            f"({resources_text(scaling.worker_resources)} each, "
             f"{cfg.parallel.upper()} over {scaling.backend}); checkpoints in {checkpoints_root(root).url}",
             f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
 

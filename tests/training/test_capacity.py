@@ -8,8 +8,8 @@ import pytest
 from ray.train import ScalingConfig
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from training import progress
-from training.capacity import Placement, worker_group_placement
+from training import capacity, progress
+from training.capacity import Placement, group_fits, worker_group_placement
 from training.config import ScalingSection
 from training.console import line_kind
 from training.storage import resolve
@@ -21,6 +21,18 @@ def test_a_workers_resources_are_what_ray_train_reserves_for_it(use_gpu, resourc
     ray_train = ScalingConfig(num_workers=2, use_gpu=use_gpu, resources_per_worker=resources or None)
     ours = ScalingSection(num_workers=2, use_gpu=use_gpu, resources_per_worker=resources).worker_resources
     assert ours == ray_train._resources_per_worker_not_none
+
+
+def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_preempted(monkeypatch):
+    scaling = ScalingSection(num_workers=2)  # of 1 CPU each
+    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"memory": 1e9}},
+             {"NodeID": "draining", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "survivor", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 4.0}}]
+    monkeypatch.setattr(capacity.ray, "nodes", lambda: nodes)
+    assert not group_fits(scaling, excluding={"draining"})
+    nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
+    assert group_fits(scaling, excluding={"draining"})
 
 
 def test_the_worker_groups_placement_is_pending_without_the_resources_and_placed_with_them(ray_cluster):

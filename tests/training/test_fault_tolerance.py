@@ -98,19 +98,6 @@ def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_befor
     assert [c.step for c in list_committed(checkpoints_root(root))] == [7]
 
 
-def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_preempted(monkeypatch):
-    cfg = make_config("/data", "/ckpt", "ft")  # 2 workers of 1 CPU
-    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"memory": 1e9}},
-             {"NodeID": "draining", "Alive": True, "Resources": {"CPU": 1.0}},
-             {"NodeID": "survivor", "Alive": True, "Resources": {"CPU": 1.0}},
-             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 4.0}}]
-    monkeypatch.setattr(launch.ray, "nodes", lambda: nodes)
-    monkeypatch.setattr(launch, "_preempted_nodes", {"draining"})
-    assert not launch._fits_elsewhere(cfg)
-    nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
-    assert launch._fits_elsewhere(cfg)
-
-
 @pytest.mark.parametrize("budget", [1, -1])
 def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_budget(dataset_url, tmp_path,
                                                                                       monkeypatch, budget):
