@@ -53,7 +53,7 @@ def _cmd_render(args: argparse.Namespace) -> None:
     print(f"rendered {len(rendered.objects)} objects and {len(rendered.releases)} Helm releases of stack "
           f"{args.stack} into {args.out}; {len(rendered.secrets)} Secrets to provide: {args.out}/required-secrets.yaml")
     if cfg.gitops.controller:
-        print(f"{cfg.gitops.controller}: apply {args.out}/gitops/ once where the controller runs")
+        print(f"{cfg.gitops.controller}: once where the controller runs: kubectl apply -R -f {args.out}/gitops/")
     if cfg.gitops.controller == "flux" and rendered.releases:
         print(f"flux: the {len(rendered.releases)} Helm releases under {args.out}/helm/ are not applied by the "
               "Kustomization: install them with Flux's helm-controller, or with `pulumi up`")

@@ -7,7 +7,8 @@ objects follow that branch.
   that makes one Application of the render's objects, one of KubeRay's CRDs (server-side, at the chart's
   version), and one per Helm release (the chart as a Helm source, its values the rendered ``values.yaml``);
 - ``flux``: a ``GitRepository`` of the branch and a ``Kustomization`` of it (the objects; Flux's source and
-  kustomize controllers do not install Helm charts: the CLI says so);
+  kustomize controllers do not install Helm charts: the CLI says so), applied as the stack's own service account,
+  which may write the render's namespaced kinds only in its namespaces and its cluster-scoped objects only by name;
 - ``pulumi-operator``: a ``pulumi.com/v1`` ``Stack`` that runs this program from the repository's main branch."""
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def _name(cfg: StackConfig) -> str:
     return f"spotray-{cfg.stack}"
 
 
-def _metadata(cfg: StackConfig, namespace: str) -> dict:
-    return {"name": _name(cfg), "namespace": namespace, "labels": {"spotray.dev/stack": cfg.stack}}
+def _metadata(cfg: StackConfig, namespace: str | None, name: str = "") -> dict:
+    return {"name": name or _name(cfg), **({"namespace": namespace} if namespace else {}),
+            "labels": {"spotray.dev/stack": cfg.stack}}
 
 
 def _argocd(cfg: StackConfig, objects: dict[str, dict], releases: dict[str, dict]) -> list[dict]:
@@ -133,9 +135,55 @@ def _flux(cfg: StackConfig, objects: dict[str, dict], releases: dict[str, dict])
     kustomization = {"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
                      "metadata": _metadata(cfg, FLUX_NAMESPACE),
                      "spec": {"interval": "10m", "retryInterval": "1m", "timeout": "5m", "path": "./",
-                              "prune": True, "wait": True,
+                              "prune": True, "wait": True, "serviceAccountName": _name(cfg),
                               "sourceRef": {"kind": "GitRepository", "name": _name(cfg)}}}
-    return [source, kustomization]
+    return [source, kustomization, *_flux_tenant(cfg, objects)]
+
+
+def _flux_tenant(cfg: StackConfig, objects: dict[str, dict]) -> list[dict]:
+    """The service account the Kustomization applies as, and its rights. Its role bindings live in the render's
+    namespaces, so those come with it: the objects of the render would otherwise be needed to apply themselves."""
+    namespaced = [obj for obj in objects.values() if "namespace" in obj["metadata"]]
+    cluster_scoped = [obj for obj in objects.values() if "namespace" not in obj["metadata"]]
+    account = [{"kind": "ServiceAccount", "name": _name(cfg), "namespace": FLUX_NAMESPACE}]
+    in_namespaces, by_name = f"{_name(cfg)}-namespaced", f"{_name(cfg)}-cluster"
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(cfg, FLUX_NAMESPACE)},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": _metadata(cfg, None, in_namespaces),
+         "rules": [_rule(group, plural, _READ + _CHANGE) for group, plural in _resources(namespaced)]},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": _metadata(cfg, None, by_name),
+         "rules": [rule for group, plural in _resources(cluster_scoped) for rule in (
+             _rule(group, plural, _READ),
+             _rule(group, plural, _CHANGE, sorted(o["metadata"]["name"] for o in cluster_scoped
+                                                  if _resource(o) == (group, plural))))]},
+        {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": _metadata(cfg, None),
+         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": by_name}, "subjects": account},
+        *({"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": _metadata(cfg, namespace),
+           "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": in_namespaces}, "subjects": account}
+          for namespace in sorted({obj["metadata"]["namespace"] for obj in namespaced})),
+        *(obj for obj in cluster_scoped if obj["kind"] == "Namespace"),
+    ]
+
+
+_READ = ["get", "list", "watch"]
+_CHANGE = ["create", "update", "patch", "delete"]  # by name too: Flux creates with server-side apply, a named PATCH
+
+
+def _rule(group: str, plural: str, verbs: list[str], names: list[str] | None = None) -> dict:
+    rule = {"apiGroups": [group], "resources": [plural], "verbs": list(verbs)}
+    return rule | {"resourceNames": names} if names else rule
+
+
+def _resources(objects: list[dict]) -> list[tuple[str, str]]:
+    return sorted({_resource(obj) for obj in objects})
+
+
+def _resource(obj: dict) -> tuple[str, str]:
+    """An object's API group and resource name, by Kubernetes' own plural of its kind."""
+    kind = obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "es" if kind.endswith("s") else kind + "s"
+    return obj["apiVersion"].rpartition("/")[0], plural
 
 
 def _pulumi_operator(cfg: StackConfig, objects: dict[str, dict], releases: dict[str, dict]) -> list[dict]:

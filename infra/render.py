@@ -8,8 +8,8 @@ Layout of the output directory, sorted and stable so that diffs are reviewable:
 - ``helm/<namespace>-<release>/values.yaml`` and ``release.yaml`` (chart, repository, version, namespace);
 - ``required-secrets.yaml``: Secrets that Pulumi generates, named with their keys but never their values, for a
   secret manager (External Secrets, Sealed Secrets, SOPS) to provide;
-- ``gitops/<kind>-<name>.yaml``: with ``spotray:gitops.controller``, what that controller needs to apply this
-  render from its environment branch (``infra/gitops.py``), applied once where the controller runs.
+- ``gitops/<namespace>/<kind>-<name>.yaml``: with ``spotray:gitops.controller``, what that controller needs to
+  apply this render from its environment branch (``infra/gitops.py``), applied once where the controller runs.
 CRDs (KubeRay's) are not rendered: ``crds.txt`` lists their URLs, to apply server-side before the objects."""
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def render(cfg: StackConfig, planned: Plan | None = None) -> Rendered:
             secrets.append({"namespace": meta["namespace"], "name": meta["name"], "keys": _secret_keys(r)})
         else:
             obj = _object(r)
-            meta = obj["metadata"]
-            path = f"objects/{meta.get('namespace', '_cluster')}/{obj['kind'].lower()}-{meta['name']}.yaml"
+            path = _path("objects", obj)
             if path in objects:
                 raise SpotrayError(f"render: two objects would be written to {path}")
             objects[path] = obj
@@ -81,7 +80,7 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
     for relative, obj in rendered.objects.items():
         put(relative, obj)
     for obj in rendered.controller:
-        put(f"gitops/{obj['kind'].lower()}-{obj['metadata']['name']}.yaml", obj)
+        put(_path("gitops", obj), obj)
     for directory, release in rendered.releases.items():
         put(f"{directory}/release.yaml", release["release"])
         put(f"{directory}/values.yaml", release["values"])
@@ -91,6 +90,11 @@ def write(rendered: Rendered, out: Path) -> list[Path]:
     put("kustomization.yaml", {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                                "resources": list(rendered.objects)}, f"{_MARKER}; do not edit.\n")
     return written
+
+
+def _path(directory: str, obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{directory}/{meta.get('namespace', '_cluster')}/{obj['kind'].lower()}-{meta['name']}.yaml"
 
 
 def stale(rendered: Rendered, out: Path) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 
 from infra.kernel.config import from_values
 from infra.render import render, write
+from tests.cluster.test_render import check_valid
 from tests.infra.test_stack_config import values
 from tests.repo import REPO
 from tests.schemas import validate_custom_resource
@@ -80,7 +81,7 @@ def test_argo_cd_objects_validate_and_expand_to_one_application_per_part_of_the_
     assert set(objects) == {"AppProject", "ApplicationSet"}
     for obj in objects.values():
         validate_custom_resource(obj, CRDS[obj["kind"]])
-        assert (out / "gitops" / f"{obj['kind'].lower()}-spotray-dev.yaml").is_file()
+        assert (out / "gitops" / "argocd" / f"{obj['kind'].lower()}-spotray-dev.yaml").is_file()
     apps = {app["metadata"]["name"]: app for app in applications(objects["ApplicationSet"])}
     for app in apps.values():
         validate_custom_resource(app, CRDS["Application"])
@@ -118,13 +119,60 @@ def test_the_app_project_admits_only_the_stacks_namespaces_and_sources(dev_rende
 def test_flux_follows_the_stacks_environment_branch(stack_plans):
     rendered = render(*stack_plans["existing"])
     objects = by_kind(rendered)
-    assert set(objects) == {"GitRepository", "Kustomization"}
-    for obj in objects.values():
-        validate_custom_resource(obj, CRDS[obj["kind"]])
+    assert set(objects) == {"GitRepository", "Kustomization", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                            "RoleBinding", "Namespace"}
+    for kind in ("GitRepository", "Kustomization"):
+        validate_custom_resource(objects[kind], CRDS[kind])
     source, kustomization = objects["GitRepository"], objects["Kustomization"]
     assert source["spec"]["ref"] == {"branch": "rendered/existing"}
     assert kustomization["spec"]["sourceRef"] == {"kind": "GitRepository", "name": source["metadata"]["name"]}
     assert kustomization["spec"]["path"] == "./" and kustomization["spec"]["prune"] is True
+
+
+def allowed(roles: list[dict], verb: str, obj: dict) -> bool:
+    """Kubernetes RBAC's answer for ``verb`` on ``obj`` (by name) under ``roles``' rules."""
+    group, kind = obj["apiVersion"].rpartition("/")[0], obj["kind"].lower()
+    plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "es" if kind.endswith("s") else kind + "s"
+    return any(group in rule["apiGroups"] and plural in rule["resources"] and verb in rule["verbs"]
+               and obj["metadata"]["name"] in rule.get("resourceNames", [obj["metadata"]["name"]])
+               for role in roles for rule in role["rules"])
+
+
+def test_flux_applies_as_an_account_that_may_write_only_the_stacks_namespaces_and_cluster_objects(stack_plans,
+                                                                                                    tmp_path):
+    cfg, planned = stack_plans["existing"]
+    rendered = render(cfg, planned)
+    gitops = rendered.controller
+    for obj in gitops:  # an existing cluster's Kubernetes version is not known here: dev's
+        if obj["kind"] not in CRDS:
+            check_valid(obj, stack_plans["dev"][0].kubernetes.version)
+    (account,) = [o for o in gitops if o["kind"] == "ServiceAccount"]
+    (kustomization,) = [o for o in gitops if o["kind"] == "Kustomization"]
+    assert kustomization["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    assert account["metadata"]["namespace"] == kustomization["metadata"]["namespace"]  # where Flux looks it up
+    subject = [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                "namespace": account["metadata"]["namespace"]}]
+    roles = {o["metadata"]["name"]: o for o in gitops if o["kind"] == "ClusterRole"}
+    bindings = [o for o in gitops if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert all(b["subjects"] == subject for b in bindings)
+    in_namespace = {b["metadata"].get("namespace"): roles[b["roleRef"]["name"]] for b in bindings}
+    everywhere = in_namespace.pop(None)
+    stack_namespaces = {o["metadata"]["namespace"] for o in rendered.objects.values() if "namespace" in o["metadata"]}
+    assert set(in_namespace) == stack_namespaces
+    for obj in rendered.objects.values():
+        namespace = obj["metadata"].get("namespace")
+        roles_here = [everywhere] + ([in_namespace[namespace]] if namespace else [])
+        assert all(allowed(roles_here, verb, obj) for verb in ("get", "create", "patch", "delete")), obj["metadata"]
+    outside = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+               {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "system-node-critical"}},
+               {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "admin"}}]
+    assert not any(allowed([everywhere], verb, obj) for obj in outside for verb in ("create", "patch", "delete"))
+    namespaces = [o for o in gitops if o["kind"] == "Namespace"]
+    assert {o["metadata"]["name"] for o in namespaces} == stack_namespaces  # the role bindings' homes come first
+    written = [p.relative_to(tmp_path).as_posix() for p in write(rendered, tmp_path) if "gitops/" in p.as_posix()]
+    assert {f"gitops/{ns}/rolebinding-spotray-existing.yaml" for ns in stack_namespaces} <= set(written)
+    assert len(written) == len(gitops)
 
 
 @pytest.mark.parametrize(("backend", "expected"), [
