@@ -10,6 +10,10 @@ and each item's CRC32). The coordinator's ``finish`` runs only after all ranks h
 ``COMMITTED.json`` (every file's size, the CRC32 of ``.metadata``) last, so a directory without it is a partial
 save and is never resumed from. Reads verify sizes and checksums: a corrupted checkpoint fails to load on every
 rank alike (DCP gathers per-rank errors) and the next older one is used.
+
+The checkpoints under ``checkpoints/`` are one lineage: an attempt that resumes from step S moves the committed
+checkpoints above S (which it could not read) to ``checkpoints/set-aside/`` before it trains, so that they never
+count for retention, never hide the lineage's newest and are never overwritten by a later save of the same step.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import logging
 import os
 import pickle
 import posixpath
-import re
 import time
 import warnings
 import zlib
@@ -45,18 +48,19 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
-from training.errors import CheckpointError
+from training.errors import CheckpointError, NotFound, SpotrayError, StorageError
+from training.ledger import new_attempt_id
 from training.save_budget import SaveFailureBudget
 from training.storage import Location
 
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "COMMITTED.json"
+SET_ASIDE_DIR = "set-aside"
+SET_ASIDE_RECORD = "SET_ASIDE.json"
 _FORMAT = "spotray-checkpoint"
 _DATA_SUFFIX = ".distcp"
 _METADATA = ".metadata"
-_ERROR_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
-_MODULE_PREFIX = re.compile(r"^(\w+\.)+(?=\w+: )")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class CommittedCheckpoint:
     world_size: int
     files: dict
     committed_at: float  # UNIX time of its commit marker
+    damage: str | None = None  # why its commit marker cannot be read, for one listed with ``damaged=True``
 
     @property
     def url(self) -> str:
@@ -79,6 +84,10 @@ class CommittedCheckpoint:
 
 def checkpoints_root(run_root: Location) -> Location:
     return run_root.child("checkpoints")
+
+
+def set_aside_root(run_root: Location) -> Location:
+    return checkpoints_root(run_root).child(SET_ASIDE_DIR)
 
 
 def _step_dir_name(step: int) -> str:
@@ -110,9 +119,13 @@ class _DcpFileSystem(FileSystemBase):
         loc = self._loc(path)
         data = self.prefetched.pop(loc.name, None) or loc.read_view()
         want = self.expected.get(loc.name, {})
+        if len(data) != want.get("size", len(data)):
+            raise CheckpointError(f"{loc.url} is corrupted: {len(data)} bytes, {COMMIT_MARKER} records "
+                                  f"{want['size']}")
         # Shards carry a CRC32 per item (checked as each is used); only .metadata has a whole-file one.
-        if len(data) != want.get("size", len(data)) or ("crc32" in want and want["crc32"] != zlib.crc32(data)):
-            raise CheckpointError(f"{loc.url} is corrupted (size or CRC32 differs from {COMMIT_MARKER})")
+        if "crc32" in want and want["crc32"] != zlib.crc32(data):
+            raise CheckpointError(f"{loc.url} is corrupted: CRC32 {zlib.crc32(data):08x}, {COMMIT_MARKER} "
+                                  f"records {want['crc32']:08x}")
         return data
 
     def concat_path(self, path, suffix: str):
@@ -202,6 +215,14 @@ class _RawReader(FileSystemReader):
         self.fs = _DcpFileSystem(location, expected=expected, prefetched=prefetched)
         self.location, self.expected, self.ranged = location, expected, ranged
         self.chunks: dict = {}
+        self.metadata_error: SpotrayError | None = None  # DCP reports it inside a message of its own
+
+    def read_metadata(self, *args, **kwargs):
+        try:
+            return super().read_metadata(*args, **kwargs)
+        except SpotrayError as exc:
+            self.metadata_error = self.metadata_error or exc  # the global .metadata's, not the per-rank fallback's
+            raise
 
     def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -219,9 +240,13 @@ class _RawReader(FileSystemReader):
             for req in reqs:
                 info = self.storage_data[req.storage_index]
                 raw = read_item(info.offset, info.length)
-                if zlib.crc32(raw) != getattr(info, "crc32", None):
-                    raise CheckpointError(f"{relative_path} is corrupted: item {req.storage_index.fqn} fails its "
-                                          "CRC32")
+                found, expected = zlib.crc32(raw), getattr(info, "crc32", None)
+                if found != expected:
+                    recorded = "no CRC32" if expected is None else f"CRC32 {expected:08x}"
+                    raise CheckpointError(
+                        f"{self.location.child(relative_path).url} is corrupted: item {req.storage_index.fqn} "
+                        f"(bytes {info.offset}-{info.offset + info.length}) has CRC32 {found:08x}, .metadata "
+                        f"records {recorded}")
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, io.BytesIO(raw))
                     continue
@@ -241,8 +266,9 @@ class _RawReader(FileSystemReader):
             return lambda offset, length: data[offset : offset + length]
         file = self.location.child(relative_path)
         handle = file.open_input()  # once per file: each open of an S3 object costs a request
-        if handle.size() != self.expected.get(relative_path, {}).get("size"):
-            raise CheckpointError(f"{file.url} is corrupted (its size differs from {COMMIT_MARKER})")
+        size, expected = handle.size(), self.expected.get(relative_path, {}).get("size")
+        if size != expected:
+            raise CheckpointError(f"{file.url} is corrupted: {size} bytes, {COMMIT_MARKER} records {expected}")
         return lambda offset, length: memoryview(bytearray(handle.read_at(length, offset)))
 
 
@@ -254,10 +280,15 @@ class Checkpointer:
     ranks alike."""
 
     def __init__(self, run_root: Location, *, rank: int, world_size: int, keep_last: int, async_save: bool = False,
-                 failure_budget_s: float = 900.0, max_retry_gap: int = 50):
+                 failure_budget_s: float = 900.0, max_retry_gap: int = 50, attempt_id: str | None = None):
         self.root = checkpoints_root(run_root)
+        self.set_aside_root = set_aside_root(run_root)
         self.keep_last, self.async_save = keep_last, async_save
         self.rank, self.world_size = rank, world_size
+        self.attempt_id = attempt_id or new_attempt_id()
+        # The lineage: the step this attempt resumed from (None until it restores) and the steps it committed.
+        self.resumed_from: int | None = None
+        self._written: set[int] = set()
         self.failures = SaveFailureBudget(failure_budget_s, max_retry_gap)
         # Checkpoint collectives run on their own gloo group so an async save never interleaves with training's.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -286,8 +317,8 @@ class Checkpointer:
         previous = self.wait()
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
-        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
-                                   on_commit=self._schedule_retention)
+        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size, "attempt": self.attempt_id},
+                                   on_commit=lambda: self._schedule_retention(step))
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
@@ -362,9 +393,10 @@ class Checkpointer:
                         "(%d failed in a row over %.0fs, budget %gs); nothing partial is ever resumed from", step,
                         reason, budget.retry_at, budget.in_a_row, failing_for, budget.budget_s)
 
-    def _schedule_retention(self) -> None:
+    def _schedule_retention(self, committed_step: int) -> None:
         """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""
-        self._retention.submit(self._apply_retention)
+        self._written.add(committed_step)
+        self._retention.submit(self._apply_retention, max(self._written))
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention to finish."""
@@ -373,21 +405,28 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.close()
 
-    def _apply_retention(self) -> None:
-        committed = list_committed(self.root)
-        newest = committed[0].step if committed else -1
-        for old in committed[self.keep_last :]:
+    def _apply_retention(self, newest: int) -> None:
+        """Keeps the ``keep_last`` newest checkpoints of this attempt's lineage; ``newest`` is its newest commit."""
+        listed = list_committed(self.root, warn=False, damaged=True)
+        lineage = [c for c in listed if c.damage is None and self._in_lineage(c.step)]
+        for old in lineage[self.keep_last :]:
             log.info("retention: deleting checkpoint step %d (keep_last=%d)", old.step, self.keep_last)
             old.location.delete_tree()
-        committed_steps = {c.step for c in committed}
+        with_marker = {c.step for c in listed}
         for name in self.root.list_names():
             step = _parse_step(name)
-            if step is not None and step < newest and step not in committed_steps:
+            if step is not None and step < newest and step not in with_marker:
                 self.root.child(name).delete_tree()  # a partial save older than a committed one is garbage
 
+    def _in_lineage(self, step: int) -> bool:
+        """A checkpoint above the step this attempt resumed from is of its lineage only if it wrote it; a
+        Checkpointer that never restored takes every committed checkpoint as its own."""
+        return self.resumed_from is None or step <= self.resumed_from or step in self._written
+
     def committed(self) -> list[CommittedCheckpoint]:
-        """The committed checkpoints, newest first, as rank 0 lists them (a collective)."""
-        return _broadcast(list_committed(self.root) if self.rank == 0 else None, self._group)
+        """The committed checkpoints, newest first, as rank 0 lists them (a collective); those whose commit marker
+        is damaged are listed with their ``damage``."""
+        return _broadcast(list_committed(self.root, damaged=True) if self.rank == 0 else None, self._group)
 
     def restore_latest(self, state: dict, per_rank_keys: tuple[str, ...] = (),
                        prefetch: RestorePrefetch | None = None,
@@ -399,27 +438,68 @@ class Checkpointer:
         ``candidates`` is ``committed()`` when the caller has listed them already.
         """
         candidates = self.committed() if candidates is None else candidates
-        failures = []
+        unreadable: list[tuple[CommittedCheckpoint, str]] = []
         for candidate in candidates:
-            to_load = state if candidate.world_size == self.world_size else {
-                k: v for k, v in state.items() if k not in per_rank_keys}
-            reader = _RawReader(candidate.location, candidate.files,
-                                prefetch.files_for(candidate.location) if prefetch else None)
-            try:
-                dcp.load(to_load, storage_reader=reader, process_group=self._group)
-            except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
-                reason = _first_line(exc)
-                log.warning("skipping checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
-                failures.append(f"step {candidate.step}: {reason}")
-                continue
-            self.last_committed = candidate
-            return candidate
-        if failures:
-            raise CheckpointError(
-                f"no committed checkpoint under {self.root.url} could be read ({'; '.join(failures)}): "
-                "restore them or start a new run.name"
-            )
+            reason = candidate.damage or self._load(candidate, state, per_rank_keys, prefetch)
+            if reason is None:
+                self._start_lineage(candidate.step, unreadable)
+                self.last_committed = candidate
+                return candidate
+            log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
+            unreadable.append((candidate, reason))
+        if unreadable:
+            steps = "; ".join(f"step {c.step}: {reason}" for c, reason in unreadable)
+            raise CheckpointError(f"no committed checkpoint under {self.root.url} could be read ({steps}): "
+                                  "restore them or start a new run.name")
+        self._start_lineage(0, [])
         return None
+
+    def _load(self, candidate: CommittedCheckpoint, state: dict, per_rank_keys: tuple[str, ...],
+              prefetch: RestorePrefetch | None) -> str | None:
+        """Loads ``candidate`` into ``state``; None, or why it cannot be read (the same on every rank)."""
+        to_load = state if candidate.world_size == self.world_size else {
+            k: v for k, v in state.items() if k not in per_rank_keys}
+        reader = _RawReader(candidate.location, candidate.files,
+                            prefetch.files_for(candidate.location) if prefetch else None)
+        try:
+            dcp.load(to_load, storage_reader=reader, process_group=self._group)
+        except (Exception, CheckpointException) as exc:  # DCP raises the same error on every rank
+            causes = [reader.metadata_error] if reader.metadata_error else _causes(exc)
+            # Only what the bytes themselves show (damage, a missing file) on every rank is a reason to go back to
+            # an older checkpoint: an outage or an unexpected error must not cost the newest one its place.
+            verdicts = _all_gather((_first_line(causes[0]), all(isinstance(c, (CheckpointError, NotFound))
+                                                                for c in causes)), self._group)
+            reason = verdicts[0][0]
+            if not all(damaged for _, damaged in verdicts):
+                raise CheckpointError(f"checkpoint step {candidate.step} could not be restored ({reason}); nothing "
+                                      "was skipped or set aside, and a restart tries it again") from exc
+            return reason
+        return None
+
+    def _start_lineage(self, step: int, unreadable: list[tuple[CommittedCheckpoint, str]]) -> None:
+        """This attempt resumes from ``step``: the checkpoints above it that could not be read are set aside
+        before anything is saved (rank 0 moves them; every rank learns whether that worked)."""
+        self.resumed_from = step
+        error = None
+        if self.rank == 0:
+            try:
+                for checkpoint, reason in unreadable:
+                    self._set_aside(checkpoint, reason, step)
+            except StorageError as exc:
+                error = (f"checkpoint step {checkpoint.step} could not be set aside ({exc}): the attempt stops rather "
+                         "than overwrite it; a restart tries again")
+        error = _broadcast(error, self._group)
+        if error:
+            raise CheckpointError(error)
+
+    def _set_aside(self, checkpoint: CommittedCheckpoint, reason: str, resumed_from: int) -> None:
+        dest = self.set_aside_root.child(f"{checkpoint.location.name}.{self.attempt_id}")
+        record = {"step": checkpoint.step, "reason": reason, "resumed_from": resumed_from,
+                  "set_aside_by": self.attempt_id, "at": time.time()}
+        checkpoint.location.child(SET_ASIDE_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+        checkpoint.location.move_tree_to(dest, last=COMMIT_MARKER)
+        log.warning("checkpoint step %d cannot be read (%s): set aside in %s; the run goes on from step %d",
+                    checkpoint.step, reason, dest.url, resumed_from)
 
 
 def _persistent_stager() -> DefaultStager:
@@ -496,19 +576,27 @@ def read_model_record(run_root: Location) -> tuple[dict | None, bytes | None]:
     return record, tokenizer_loc.read_bytes() if tokenizer_loc.exists() else None
 
 
-def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoint]:
-    """Committed checkpoints under a ``checkpoints/`` root, newest first; partial ones are logged and skipped."""
+def list_committed(root: Location, warn: bool = True, damaged: bool = False) -> list[CommittedCheckpoint]:
+    """Committed checkpoints under a ``checkpoints/`` root, newest first; partial ones are logged and skipped.
+    ``damaged``: also those whose commit marker is there but cannot be read, with their ``damage``."""
     found = []
     for name in root.list_names():
         step = _parse_step(name)
         if step is None:
             continue
         location = root.child(name)
-        marker = _read_marker(location)
+        try:
+            marker = _read_marker(location)
+        except CheckpointError as exc:
+            if damaged:
+                found.append(CommittedCheckpoint(step, location, 0, {}, 0.0, damage=str(exc)))
+            elif warn:
+                log.warning("skipping checkpoint %s: %s", location.url, exc)
+            continue
         if marker is None:
             if warn:
-                log.warning("skipping checkpoint %s: no valid %s (partial or interrupted save)",
-                            location.url, COMMIT_MARKER)
+                log.warning("skipping checkpoint %s: no %s (partial or interrupted save)", location.url,
+                            COMMIT_MARKER)
             continue
         found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"],
                                          float(marker.get("committed_at", 0.0))))
@@ -516,17 +604,29 @@ def list_committed(root: Location, warn: bool = True) -> list[CommittedCheckpoin
 
 
 def _read_marker(location: Location) -> dict | None:
+    """The commit marker; None where there is none (a partial save), CheckpointError where it is damaged."""
     marker_loc = location.child(COMMIT_MARKER)
     if not marker_loc.exists():
         return None
     try:
         marker = json.loads(marker_loc.read_text())
     except (ValueError, UnicodeDecodeError):
-        return None
+        marker = None
     required = {"step", "world_size", "files", "format"}
     if not isinstance(marker, dict) or not required <= marker.keys() or marker["format"] != _FORMAT:
-        return None
+        raise CheckpointError(f"{marker_loc.url} is damaged: not a {_FORMAT} commit marker")
     return marker
+
+
+def list_set_aside(run_root: Location) -> list[dict]:
+    """The checkpoints set aside from the run's lineage, oldest step first: each one's record and where it is."""
+    root = set_aside_root(run_root)
+    records = []
+    for name in root.list_names():
+        record = root.child(name, SET_ASIDE_RECORD)
+        if record.exists():
+            records.append({**json.loads(record.read_text()), "url": root.child(name).url})
+    return sorted(records, key=lambda r: (r["step"], r["at"]))
 
 
 def _parse_step(name: str) -> int | None:
@@ -543,15 +643,30 @@ def _broadcast(obj, group):
     return box[0]
 
 
+def _all_gather(value, group) -> list:
+    if not dist.is_initialized():
+        return [value]
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
+    return gathered
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The errors behind DCP's (it gathers each failing rank's, lowest rank first), spotray's own first."""
+    if not isinstance(exc, CheckpointException) or not exc.failures:
+        return [exc]
+    errors = [exc.failures[rank][0] for rank in sorted(exc.failures)]
+    return sorted(errors, key=lambda e: not isinstance(e, SpotrayError))
+
+
 def _first_line(exc: BaseException) -> str:
-    """The line that says what went wrong; DCP wraps each rank's error in a traceback dump."""
-    lines = [line.strip() for line in (str(exc).strip() or exc.__class__.__name__).splitlines()]
-    for line in lines:
-        if "Corrupt" in line or "corrupted" in line:
-            return line
-    errors = [line for line in lines if _ERROR_LINE.match(line) and not line.startswith("CheckpointException")]
-    line = errors[-1] if errors else lines[0]
-    return _MODULE_PREFIX.sub("", line)[:300]
+    """What went wrong, in one line: the error's own message (for DCP's, that of the error behind it), its type
+    named unless it is spotray's."""
+    exc = _causes(exc)[0]
+    text = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, SpotrayError):
+        return text[:300]
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
 def rng_state() -> dict:

@@ -32,6 +32,10 @@ class StorageError(SpotrayError):
     pass
 
 
+class NotFound(StorageError):  # noqa: N818 - a kind of StorageError, read as "storage: not found"
+    """The object or directory is not there (as opposed to storage that cannot be reached)."""
+
+
 class CheckpointError(SpotrayError):
     pass
 

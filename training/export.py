@@ -16,6 +16,7 @@ from training.checkpoint import (
     CommittedCheckpoint,
     checkpoints_root,
     list_committed,
+    list_set_aside,
     load_model_tensors,
     model_tensors,
     read_model_record,
@@ -64,6 +65,12 @@ def _pick(run_root: Location, step: int | None) -> CommittedCheckpoint:
     if step is None:
         return committed[0]
     match = [c for c in committed if c.step == step]
+    set_aside = [r for r in list_set_aside(run_root) if r["step"] == step]
+    if not match and set_aside:
+        record = set_aside[-1]
+        raise ExportError(f"--step {step} was set aside from the run's lineage, to {record['url']}, because it cannot "
+                          f"be read ({record['reason']}); the run went on from step {record['resumed_from']}: "
+                          f"export the newest, step {committed[0].step}, by leaving --step out")
     if not match:
         steps = ", ".join(str(c.step) for c in reversed(committed))
         raise ExportError(f"--step {step} is not a committed checkpoint of {run_root.url}: committed steps are {steps}")

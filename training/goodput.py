@@ -145,12 +145,12 @@ def account_of(attempts: list[AttemptRecord], run_started_at: float | None) -> A
         return Account(dict.fromkeys(CATEGORIES, 0.0), 0.0, [], run_started_at or time.time(), {})
     started = run_started_at or attempts[0].info.started_at
     kept: dict[int, ledger.StepRecord] = {}
-    for a in attempts:  # as ledger.lineage, without reading every record again: later attempts win
-        kept.update(a.steps)
+    for a in attempts:  # as ledger.lineage, without reading every record again
+        kept = ledger.continue_lineage(kept, a.info.from_step, a.steps)
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     seconds["productive"] = sum(r.seconds for r in kept.values())
     seconds["wasted"] = sum(r.seconds for a in attempts for step, r in a.steps.items()
-                            if kept[step].attempt_id != a.info.attempt_id)
+                            if step not in kept or kept[step].attempt_id != a.info.attempt_id)
     seconds["startup"] = attempts[0].entered_at - started
     for a in attempts:
         seconds["startup"] += a.status_of("startup_s")

@@ -2,7 +2,8 @@
 
 A run is a sequence of attempts (one per worker-group start). An attempt resumes from some committed step
 and may train past the checkpoint the next attempt resumes from; those steps are wasted. The lineage keeps,
-for every step, the record of the latest attempt that trained it: exactly the history of the final model.
+for every step up to where each attempt resumed, the record of the latest attempt that trained it: exactly the
+history of the final model.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from training.errors import StorageError
 from training.storage import Location
@@ -23,6 +25,7 @@ _ATTEMPT_FILE = "attempt.json"
 _LOSSES_FILE = "losses.jsonl"
 _FINAL_FILE = "final.json"
 _RUN_FILE = "run.json"
+T = TypeVar("T")
 
 
 def attempts_root(run_root: Location) -> Location:
@@ -220,8 +223,15 @@ def lineage(root: Location) -> dict[int, StepRecord]:
     """step -> the record of the latest attempt that trained it: the history of the final model."""
     steps: dict[int, StepRecord] = {}
     for attempt in read_attempts(root):
-        steps.update(read_steps(root, attempt.attempt_id))
-    return dict(sorted(steps.items()))
+        steps = continue_lineage(steps, attempt.from_step, read_steps(root, attempt.attempt_id))
+    return steps
+
+
+def continue_lineage(steps: dict[int, T], from_step: int, trained: dict[int, T]) -> dict[int, T]:
+    """The lineage once an attempt that resumed from ``from_step`` trained ``trained``: what earlier attempts
+    trained past ``from_step`` is no longer the final model's history, whether or not it is trained again."""
+    kept = {step: record for step, record in steps.items() if step <= from_step}
+    return dict(sorted({**kept, **trained}.items()))
 
 
 def lineage_losses(root: Location) -> dict[int, float]:
@@ -236,10 +246,11 @@ def lineage_sample_ids(audit_root: Location) -> dict[int, list[int]]:
         files = (audit_root.child(attempt.attempt_id, f"rank-{r:05d}.txt") for r in range(attempt.world_size))
         ranks = [_read_ids(f) for f in files]
         steps = min(len(ids) for ids in ranks) // attempt.per_rank_batch
-        for k in range(steps):
-            window = slice(k * attempt.per_rank_batch, (k + 1) * attempt.per_rank_batch)
-            per_step[attempt.from_step + k + 1] = [i for ids in ranks for i in ids[window]]
-    return dict(sorted(per_step.items()))
+        windows = (slice(k * attempt.per_rank_batch, (k + 1) * attempt.per_rank_batch) for k in range(steps))
+        trained = {attempt.from_step + k + 1: [i for ids in ranks for i in ids[window]]
+                   for k, window in enumerate(windows)}
+        per_step = continue_lineage(per_step, attempt.from_step, trained)
+    return per_step
 
 
 def _read_ids(location: Location) -> list[int]:

@@ -227,10 +227,11 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
     entered_at = time.time()
     root = run_root(cfg)
+    attempt_id = _shared_attempt_id()
     checkpointer = Checkpointer(root, rank=env.rank, world_size=env.world_size, keep_last=cfg.checkpoint.keep_last,
                                 async_save=cfg.checkpoint.async_save,
                                 failure_budget_s=cfg.checkpoint.save_failure_budget_s,
-                                max_retry_gap=nominal_every_steps(cfg.checkpoint.every_steps))
+                                max_retry_gap=nominal_every_steps(cfg.checkpoint.every_steps), attempt_id=attempt_id)
     candidates = checkpointer.committed()
     prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
     parts = build_parts(cfg, env, init_weights=not candidates)
@@ -241,7 +242,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
                                            candidates=candidates)
     restore_s = time.time() - restore_started
     _seed_after_restore(cfg, env, parts.progress.step, restored)
-    records = _open_records(cfg, env, root, parts.progress.step)
+    records = _open_records(cfg, env, root, attempt_id, parts.progress.step)
     telemetry = _telemetry(cfg, env, records, entered_at, parts)
     telemetry.started(restore_started - entered_at, restore_s)
     try:
@@ -286,8 +287,8 @@ class _Records:
     audit: ledger.AuditLog | None
 
 
-def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, from_step: int) -> _Records:
-    attempt = ledger.AttemptInfo(_shared_attempt_id(), from_step, env.world_size, cfg.per_worker_batch)
+def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> _Records:
+    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch)
     attempts_root = root.child("attempts")
     writer = ledger.RecordWriter()
     audit = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from training import goodput, ledger
-from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed
+from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed, list_set_aside
 from training.errors import StorageError
 from training.storage import Location, StorageOptions, resolve
 
@@ -60,6 +60,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "run": root.url,
         **_latest(attempts_root, records, account, now),
         "checkpoints": [_checkpoint(c, now) for c in list_committed(checkpoints_root(root), warn=False)],
+        "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
         "interruptions": time_split["events"],
         "lost_steps": time_split["lost_steps"],
@@ -105,6 +106,10 @@ def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
             "world_size": checkpoint.world_size, "url": checkpoint.url}
 
 
+def _set_aside(record: dict) -> dict:
+    return {key: record[key] for key in ("step", "url", "reason", "resumed_from")}
+
+
 def _attempt(record: goodput.AttemptRecord) -> dict:
     return {"id": record.info.attempt_id, "from_step": record.info.from_step, "last_step": record.last_step,
             "world_size": record.info.world_size}
@@ -118,6 +123,8 @@ def format_text(status: dict) -> str:
         f"state        {_state_text(status)}",
         f"progress     {_progress_text(status)}",
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
+        *(f"set aside    step {r['step']} in {r['url']} (unreadable: {r['reason']}; the run went on from step "
+          f"{r['resumed_from']})" for r in status["set_aside"]),
         f"attempts     {len(status['attempts'])}, {len(events)} interruptions, {status['lost_steps']} steps lost"
         f"{_at_most(status)}",
         *(f"  {_interruption_text(e)}" for e in events),

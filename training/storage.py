@@ -1,7 +1,8 @@
 """The one module that opens storage URLs: local paths, ``file://`` and ``s3://`` (AWS, MinIO, moto).
 
 pyarrow's filesystems are used for both: they ship with Ray (which takes the same filesystem object for
-its run storage), support ranged reads, and bring no ``botocore`` pin.
+its run storage), support ranged reads, and bring no ``botocore`` pin. boto3 does the one thing pyarrow's S3
+filesystem cannot: a server-side copy of an object over 5 GB (multipart copy), for moving a directory.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 import posixpath
 import shutil
 import uuid
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from training.errors import StorageError
+from training.errors import NotFound, StorageError
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,16 @@ def _s3_filesystem(endpoint: str | None, region: str) -> pafs.S3FileSystem:
 
 
 @functools.cache
+def _s3_client(endpoint: str | None, region: str):
+    import boto3  # only where a directory on S3 is moved
+    from botocore.config import Config
+
+    # Path-style addressing, as pyarrow's: an in-cluster MinIO has no per-bucket host names.
+    return boto3.client("s3", endpoint_url=endpoint, region_name=region,
+                        config=Config(s3={"addressing_style": "path"}) if endpoint else None)
+
+
+@functools.cache
 def _local_filesystem() -> pafs.LocalFileSystem:
     return pafs.LocalFileSystem()
 
@@ -56,6 +68,7 @@ class Location:
     url: str
     fs: pafs.FileSystem
     path: str
+    options: StorageOptions | None = field(default=None, compare=False)  # how to reach S3, for boto3
 
     @property
     def is_s3(self) -> bool:
@@ -67,7 +80,8 @@ class Location:
 
     def child(self, *parts: str) -> Location:
         joined = "/".join(p.strip("/") for p in parts if p)
-        return Location(f"{self.url.rstrip('/')}/{joined}", self.fs, f"{self.path.rstrip('/')}/{joined}")
+        return Location(f"{self.url.rstrip('/')}/{joined}", self.fs, f"{self.path.rstrip('/')}/{joined}",
+                        self.options)
 
     def file_named(self, name: str) -> Location:
         """This location, or its child ``name`` where this is a directory (``model_dir`` or ``model_dir/x.json``)."""
@@ -82,7 +96,7 @@ class Location:
     def size(self) -> int:
         info = self._info()
         if info.type != pafs.FileType.File:
-            raise StorageError(f"{self.url}: not found")
+            raise NotFound(f"{self.url}: not found")
         return info.size
 
     def read_bytes(self) -> bytes:
@@ -164,6 +178,37 @@ class Location:
             if self.is_dir():
                 self.fs.delete_dir(self.path)
 
+    def move_tree_to(self, dest: Location, last: str) -> None:
+        """Move this directory to ``dest`` on the same store. Locally one rename; on S3 each object is copied
+        server-side, then deleted. ``last`` names the file that says the directory is whole: it is copied after
+        the others and deleted before them, so that a move cut short leaves a whole directory on one side."""
+        with self._guard("move"):
+            if not self.is_s3:
+                os.makedirs(posixpath.dirname(dest.path), exist_ok=True)
+                os.rename(self.path, dest.path)
+                return
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True))
+            names = sorted((posixpath.relpath(i.path, self.path) for i in infos if i.type == pafs.FileType.File),
+                           key=lambda name: name == last)
+            if not names:
+                raise FileNotFoundError(self.path)
+            try:
+                with ThreadPoolExecutor(max_workers=8) as pool:
+                    list(pool.map(lambda name: self.child(name)._copy_object_to(dest.child(name)), names[:-1]))
+                self.child(names[-1])._copy_object_to(dest.child(names[-1]))
+            except Exception as exc:  # botocore's errors are not OSErrors
+                raise StorageError(f"cannot move {self.url} to {dest.url}: {str(exc).splitlines()[0]}") from exc
+            self.fs.delete_file(self.child(names[-1]).path)
+            self.fs.delete_dir(self.path)
+
+    def _copy_object_to(self, dest: Location) -> None:
+        """A server-side copy of one S3 object (in parts where it is large)."""
+        options = self.options or StorageOptions()
+        bucket, key = self.path.split("/", 1)
+        dest_bucket, dest_key = dest.path.split("/", 1)
+        client = _s3_client(options.resolved_endpoint(), options.resolved_region())
+        client.copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key)
+
     def make_dirs(self) -> None:
         if not self.is_s3:  # S3 has no directories
             with self._guard("create"):
@@ -209,7 +254,7 @@ class _StorageGuard:
         if exc is None or isinstance(exc, StorageError):
             return False
         if isinstance(exc, FileNotFoundError):
-            raise StorageError(f"{self.url}: not found") from exc
+            raise NotFound(f"{self.url}: not found") from exc
         if isinstance(exc, OSError):
             raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
         return False
@@ -226,7 +271,7 @@ def resolve(url: str, options: StorageOptions | None = None) -> Location:
             raise StorageError(f"{url}: an S3 URL needs a bucket, e.g. s3://my-bucket/prefix")
         fs = _s3_filesystem(options.resolved_endpoint(), options.resolved_region())
         path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
-        return Location(f"s3://{path}", fs, path)
+        return Location(f"s3://{path}", fs, path, options)
     if parsed.scheme == "file":
         local = parsed.path
     elif parsed.scheme == "":

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import shutil
 
 import pytest
 import torch
 
-from training.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed
+from training.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed, list_set_aside
 from training.drills.outage import OutageProxy
 from training.drills.s3local import create_bucket
 from training.errors import CheckpointError
@@ -41,13 +43,22 @@ def save_steps(root, steps, keep_last=10, async_save=False):
     return ckpt
 
 
-def restore(root) -> tuple[int | None, float]:
+def restore(root, ckpt: Checkpointer | None = None) -> tuple[int | None, float]:
     box = Box(-1.0)
-    ckpt = Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1)
+    ckpt = ckpt or Checkpointer(root, keep_last=10, async_save=False, rank=0, world_size=1)
     candidates = ckpt.committed()
     prefetch = RestorePrefetch(candidates[0]) if candidates else None  # read ahead, verified all the same
     restored = ckpt.restore_latest({"box": box}, prefetch=prefetch, candidates=candidates)
     return (restored.step if restored else None), float(box.tensor[0, 0])
+
+
+def damage(location, how: str = "flip") -> None:
+    data = bytearray(location.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[: len(data) // 2]
+    location.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -68,19 +79,84 @@ def test_partial_save_without_marker_is_skipped_with_a_warning(run_root, caplog)
 
 
 @pytest.mark.parametrize("victim", ["__0_0.distcp", ".metadata"])
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_corrupted_checkpoint_is_skipped_and_the_previous_one_used(run_root, victim, damage, caplog):
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupted_checkpoint_is_skipped_and_the_previous_one_used(run_root, victim, how, caplog):
     save_steps(run_root, [10, 20])
     target = run_root.child("checkpoints", "step_000000020", victim)
-    data = bytearray(target.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 0xFF
-    else:
-        data = data[: len(data) // 2]
-    target.write_bytes(bytes(data))
+    damage(target, how)
     with caplog.at_level(logging.WARNING):
         assert restore(run_root) == (10, 10.0)
-    assert "skipping checkpoint step 20" in caplog.text and "corrupted" in caplog.text
+    [warning] = [r.getMessage() for r in caplog.records
+                 if r.levelno == logging.WARNING and r.name == "training.checkpoint"]
+    assert warning.startswith(f"checkpoint step 20 cannot be read ({target.url} is corrupted: ")
+    # The error's own message: what differs, found against recorded, never a line of source code.
+    found_and_recorded = {("__0_0.distcp", "flip"): r"item box\.t \(bytes 0-16384\) has CRC32 \w{8}, \.metadata "
+                                                     r"records CRC32 \w{8}\)",
+                          (".metadata", "flip"): r"CRC32 \w{8}, COMMITTED\.json records \w{8}\)",
+                          ("__0_0.distcp", "truncate"): r"8192 bytes, COMMITTED\.json records 16384\)",
+                          (".metadata", "truncate"): r"\d+ bytes, COMMITTED\.json records \d+\)"}
+    assert re.search(found_and_recorded[(victim, how)], warning), warning
+    assert "raise" not in warning and "Traceback" not in warning
+
+
+def test_an_unreadable_checkpoint_is_set_aside_whole_and_a_new_save_of_its_step_lands_beside_it(run_root):
+    save_steps(run_root, [10, 20])
+    ckpts = run_root.child("checkpoints")
+    shard = ckpts.child("step_000000020", "__0_0.distcp")
+    damage(shard)
+    damaged_bytes = shard.read_bytes()
+    ckpt = Checkpointer(run_root, keep_last=1, rank=0, world_size=1, attempt_id="a2")
+    assert restore(run_root, ckpt) == (10, 10.0)
+    [record] = list_set_aside(run_root)
+    assert record["url"] == ckpts.child("set-aside", "step_000000020.a2").url
+    assert (record["step"], record["resumed_from"], record["set_aside_by"]) == (20, 10, "a2")
+    assert "is corrupted: item box.t" in record["reason"]
+    ckpt.save(14, {"box": Box(14.5)})
+    ckpt.save(20, {"box": Box(20.5)})  # the lineage's own step 20
+    ckpt.close()
+    assert [c.step for c in list_committed(ckpts)] == [20]
+    assert restore(run_root) == (20, 20.5)
+    aside = ckpts.child("set-aside", "step_000000020.a2")
+    assert aside.child("__0_0.distcp").read_bytes() == damaged_bytes
+    assert json.loads(aside.child(COMMIT_MARKER).read_text())["step"] == 20
+
+
+def test_retention_counts_only_the_lineage_and_never_deletes_a_checkpoint_it_did_not_write(tmp_path):
+    run_root = resolve(str(tmp_path / "run"))
+    save_steps(run_root, [10])
+    ckpt = Checkpointer(run_root, keep_last=1, rank=0, world_size=1)
+    assert restore(run_root, ckpt) == (10, 10.0)
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copytree(ckpts / "step_000000010", ckpts / "step_000000030")  # committed above it by someone else
+    ckpt.save(14, {"box": Box(14.0)})
+    ckpt.close()
+    assert [c.step for c in list_committed(run_root.child("checkpoints"))] == [30, 14]
+
+
+def test_a_checkpoint_with_a_damaged_commit_marker_is_set_aside_not_deleted(run_root):
+    save_steps(run_root, [10, 20])
+    run_root.child("checkpoints", "step_000000020", COMMIT_MARKER).write_text('{"step": 2')
+    assert restore(run_root) == (10, 10.0)
+    [record] = list_set_aside(run_root)
+    assert record["step"] == 20 and "COMMITTED.json is damaged" in record["reason"]
+
+
+def test_a_checkpoint_missing_a_shard_is_set_aside_as_unreadable(run_root):
+    save_steps(run_root, [10, 20])
+    run_root.child("checkpoints", "step_000000020", "__0_0.distcp").delete_file()
+    assert restore(run_root) == (10, 10.0)
+    [record] = list_set_aside(run_root)
+    assert record["step"] == 20 and record["reason"].endswith("__0_0.distcp: not found")
+
+
+def test_a_checkpoint_that_cannot_be_set_aside_stops_the_attempt_and_stays_where_it_is(tmp_path):
+    run_root = resolve(str(tmp_path / "run"))
+    save_steps(run_root, [10, 20])
+    damage(run_root.child("checkpoints", "step_000000020", "__0_0.distcp"))
+    (tmp_path / "run" / "checkpoints" / "set-aside").write_text("a file where the directory goes")
+    with pytest.raises(CheckpointError, match=r"checkpoint step 20 could not be set aside .*: the attempt stops"):
+        restore(run_root)
+    assert run_root.child("checkpoints", "step_000000020", COMMIT_MARKER).exists()
 
 
 def test_all_checkpoints_unreadable_is_an_error_not_a_silent_restart(run_root):
@@ -137,3 +213,16 @@ def test_exhausted_failure_budget_stops_the_run_naming_the_setting(tmp_path):
     with pytest.raises(CheckpointError, match=r"failed for 0s \(1 in a row, last at step 10: .*"
                                               r"save_failure_budget_s=0 is used up: fix access to"):
         ckpt.save(10, {"box": Box(1.0)})
+
+
+def test_a_checkpoint_that_storage_cannot_serve_now_is_neither_skipped_nor_set_aside(outage, s3_server):
+    root = resolve(f"{create_bucket(s3_server)}/run", StorageOptions(endpoint_url=outage.endpoint))
+    save_steps(root, [10, 20])
+    ckpt = Checkpointer(root, keep_last=10, rank=0, world_size=1)
+    candidates = ckpt.committed()
+    outage.cut()
+    with pytest.raises(CheckpointError, match=r"^checkpoint step 20 could not be restored \(.+\); nothing was "
+                                              r"skipped or set aside, and a restart tries it again$"):
+        ckpt.restore_latest({"box": Box(-1.0)}, candidates=candidates)
+    outage.restore()
+    assert list_set_aside(root) == [] and restore(root) == (20, 20.0)

@@ -43,6 +43,17 @@ def test_time_is_split_by_category_and_goodput_counts_only_kept_steps(run):
     assert account.goodput == pytest.approx(100 / 300)
 
 
+def test_steps_past_where_the_next_attempt_resumed_leave_the_history_even_when_not_trained_again(run):
+    """C resumed from step 70 and stopped at 75: B's steps 76-80 are not the model's history, they are wasted."""
+    write_attempt(run, "c", 70, 75, {"entered_at": 1215.0, "first_step_at": 1225.0, "last_seen": 1300.0})
+    history = ledger.lineage(run)
+    assert list(history) == list(range(1, 76))
+    assert {history[s].attempt_id for s in (50, 70, 71, 75)} == {"a", "b", "c"} and history[71].attempt_id == "c"
+    account = goodput.account(run)
+    assert account.kept == history
+    assert (account.seconds["productive"], account.seconds["wasted"]) == (75.0, 10.0)
+
+
 def test_interruptions_are_classified_with_lost_steps_and_recovery_time(run):
     events = goodput.account(run).events
     assert [(e.kind, e.step, e.lost_steps, e.resumed_from) for e in events] == [("notice", 50, 0, 50),

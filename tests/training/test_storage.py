@@ -44,3 +44,21 @@ def test_file_named_is_the_location_itself_or_its_child_in_a_directory(root):
     root.child("plain.json").write_text("{}")
     assert root.child("model").file_named("config.json").url == root.child("model", "config.json").url
     assert root.child("plain.json").file_named("config.json").url == root.child("plain.json").url
+
+
+def test_a_directory_moves_whole_and_leaves_nothing_behind(root):
+    big = bytes(range(256)) * (40 * 1024 * 4)  # 40 MiB: on S3 over boto3's multipart threshold, copied in parts
+    source = root.child("ckpt", "step_1")
+    source.child("shard.bin").write_bytes(big)
+    source.child("sub", "small.txt").write_text("small")
+    source.child("MARKER").write_text("whole")
+    dest = root.child("aside", "step_1.x")
+    source.move_tree_to(dest, last="MARKER")
+    assert dest.child("shard.bin").read_bytes() == big
+    assert (dest.child("sub", "small.txt").read_text(), dest.child("MARKER").read_text()) == ("small", "whole")
+    assert not source.exists() and root.child("ckpt").list_names() == []
+
+
+def test_moving_a_directory_that_is_not_there_is_a_storage_error(root):
+    with pytest.raises(StorageError, match="missing"):
+        root.child("missing").move_tree_to(root.child("elsewhere"), last="MARKER")
