@@ -43,6 +43,15 @@ def test_throughput_bench():
     assert_ratios(result, "step_time_ratio")
 
 
+def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
+    from training.bench.throughput import _bare_step_s, _config
+    from training.errors import SpotrayError
+
+    cfg = _config(str(tmp_path / "no-data"), str(tmp_path), steps=2, name="bare", preset="tiny", workers=2)
+    with pytest.raises(SpotrayError, match=r"bare torchrun loop failed \(exit 1\): .*DataError: no index\.json at"):
+        _bare_step_s(cfg)
+
+
 @pytest.mark.slow  # these three: 3 minutes on 2 cores; test_hf and test_export check the same paths in CI
 def test_throughput_bench_of_a_transformers_model():
     llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ from training.telemetry import peak_flops
 
 GPU_BATCH_PER_WORKER = 16  # sequences per GPU and step
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop
+_RANK_ERROR = re.compile(r"^\[rank\d+\]: [\w.]*(Error|Exception)\b")
 
 
 def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, workers: int,
@@ -45,7 +47,10 @@ def _bare_step_s(cfg: config.TrainConfig) -> float:
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        errors = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.splitlines()[-1:]
+        stderr = proc.stderr.splitlines()
+        # A rank's own exception line, not torchrun's ChildFailedError banner that follows it.
+        errors = ([line for line in stderr if _RANK_ERROR.match(line)] or [line for line in stderr if "Error" in line]
+                  or stderr[-1:])
         raise SpotrayError(f"bare torchrun loop failed (exit {proc.returncode}): {errors[-1:]}")
     return json.loads(lines[-1])["step_s"]
 
