@@ -80,6 +80,11 @@ def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     credentials and env.forward variables from Secrets, so the driver does not copy them again. A run that sets no
     interruption rate plans for its pool's."""
     cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
+    if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
+        raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
+                          "RayJob's cluster cannot read",
+                          "bake the code into the training image (COPY it in training/Dockerfile, `make image`), or "
+                          "give the URI of a zip of it in storage (s3://bucket/code.zip)")
     if cfg.fault_tolerance.expected_interruptions_per_hour is None:
         rate = settings.pool_interruptions_per_hour
         cfg = replace(cfg, fault_tolerance=replace(cfg.fault_tolerance, expected_interruptions_per_hour=rate))

@@ -244,11 +244,20 @@ class EnvSection:
 
 @dataclass(frozen=True)
 class RuntimeSection:
-    working_dir: str | None = None  # a local dir Ray uploads to the workers (e.g. a dev checkout)
+    working_dir: str | None = None  # a local dir shipped to every worker, or the URI of a zip of one
     max_package_mb: int = 256
 
     def __post_init__(self):
         _require(self.max_package_mb > 0, "runtime.max_package_mb", f"must be positive, got {self.max_package_mb}")
+        if self.working_dir_is_uri:
+            _require(self.working_dir.split("?", 1)[0].endswith(".zip"), "runtime.working_dir",
+                     f"{self.working_dir} is a URI but not of a .zip", "give a local directory, or the URI of a zip "
+                     "of it (s3://bucket/code.zip)")
+
+    @property
+    def working_dir_is_uri(self) -> bool:
+        """A package Ray fetches itself (``s3://bucket/code.zip``), not a local directory."""
+        return bool(self.working_dir) and "://" in self.working_dir
 
 
 @dataclass(frozen=True)

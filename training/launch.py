@@ -88,9 +88,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     the caller ran it."""
     cfg = with_absolute_paths(cfg)
     task = task or preflight(cfg)
-    runtime_env = worker_runtime_env(cfg)  # refuses an oversized working dir before Ray starts
-    _ensure_ray(cfg, worker_logs)
     root = run_root(cfg)
+    runtime_env = worker_runtime_env(cfg, root)  # refuses an oversized working dir before Ray starts
+    _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
     try:
@@ -211,13 +211,18 @@ def write_summary(summary: dict, path: str) -> None:
     Path(path).write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
+def _ensure_ray(cfg: TrainConfig, worker_logs: bool, working_dir: str | None) -> None:
+    """Connects to the cluster at RAY_ADDRESS, or starts a local Ray. A shipped working dir is the job's too: Ray
+    then no longer puts this process's current directory on every worker's path, ahead of the shipped code."""
     if ray.is_initialized():
         return
+    job = {"runtime_env": {"working_dir": working_dir}} if working_dir else {}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
+        ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING, **job)
         return
-    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
+    if cfg.storage.endpoint_url:  # Ray fetches a working dir package from the run's storage with boto3
+        os.environ.setdefault("AWS_ENDPOINT_URL_S3", cfg.storage.endpoint_url)
+    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs, **job)
 
 
 def leave_ray() -> None:

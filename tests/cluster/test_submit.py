@@ -77,3 +77,17 @@ def test_a_stack_without_a_training_image_asks_for_one(project, capsys):
                  "--project-dir", str(REPO)]) == 2
     err = capsys.readouterr().err
     assert "training.image" in err and "--image" in err
+
+
+def test_a_local_working_dir_is_refused_saying_how_the_code_reaches_the_cluster(project, tmp_path, capsys):
+    assert main(["submit", "--stack", "dev", "--config", str(project / "run.yaml"), "--set",
+                 f"runtime.working_dir={tmp_path}", "--image", "r.example.com/t:9", "--dry-run",
+                 "--project-dir", str(REPO)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "'runtime.working_dir'" in line and "bake the code into the training image" in line and "s3://" in line
+
+
+def test_a_working_dir_uri_travels_to_the_job(project, monkeypatch):
+    cfg = load(str(project / "run.yaml"), ["runtime.working_dir=s3://bucket/code/v1.zip"])
+    config_map = next(yaml.safe_load_all(submit(cfg, stack(project), image="r.example.com/t:9", dry_run=True)))
+    assert yaml.safe_load(config_map["data"]["train.yaml"])["runtime"]["working_dir"] == "s3://bucket/code/v1.zip"

@@ -1,10 +1,19 @@
 import logging
+import zipfile
 
 import pytest
 
 from training.config import EnvSection, load
 from training.errors import ConfigError
-from training.runtime_env import STORAGE_ENV, check_working_dir, forwarded_env, packaged_files, worker_runtime_env
+from training.runtime_env import (
+    STORAGE_ENV,
+    check_working_dir,
+    forwarded_env,
+    packaged_files,
+    ship_working_dir,
+    worker_runtime_env,
+)
+from training.storage import resolve
 
 
 def test_named_variables_and_storage_credentials_are_forwarded_and_values_never_logged(caplog):
@@ -16,14 +25,16 @@ def test_named_variables_and_storage_credentials_are_forwarded_and_values_never_
     assert "secret" not in caplog.text  # ... and no value ever is
 
 
-def test_no_runtime_env_where_nothing_travels_or_the_nodes_have_it_so_ray_reuses_idle_workers(monkeypatch):
+def test_no_runtime_env_where_nothing_travels_or_the_nodes_have_it_so_ray_reuses_idle_workers(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_API_KEY", "secret-wandb")
     for name in STORAGE_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert worker_runtime_env(load(None, ["data.path=/d"])) == {}
-    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]"])) == {
+    run = resolve(str(tmp_path))
+    assert worker_runtime_env(load(None, ["data.path=/d"]), run) == {}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]"]), run) == {
         "env_vars": {"WANDB_API_KEY": "secret-wandb"}}
-    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]", "env.on_nodes=true"])) == {}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]", "env.on_nodes=true"]),
+                              run) == {}
 
 
 @pytest.mark.parametrize("bad", ["WANDB_API_KEY=abc", "has space", ""])
@@ -33,19 +44,42 @@ def test_forward_takes_names_not_values(bad):
 
 
 def make_tree(root):
-    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "data").mkdir(parents=True)
     (root / "pkg" / "code.py").write_text("print('hi')\n")
-    for junk in (".venv/lib/big.so", "spotray-runs/run/x.distcp", "data/shard-00000.bin", "core.1234",
-                 "pkg/__pycache__/code.pyc", "model.pt"):
+    (root / "pkg" / "data" / "__init__.py").write_text("ROWS = 3\n")
+    for junk in (".venv/lib/big.so", "spotray-runs/run/x.distcp", "core.1234", "pkg/__pycache__/code.pyc",
+                 ".git/objects/ab/cdef", "checkpoints/step_000000010/__0_0.distcp"):
         path = root / junk
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"0" * 4096)
 
 
-def test_packaging_excludes_dumps_checkpoints_venvs_and_data(tmp_path):
+def test_packaging_excludes_dumps_checkpoints_venvs_and_vcs_but_not_a_package_named_data(tmp_path):
     make_tree(tmp_path)
-    assert [p.relative_to(tmp_path).as_posix() for p, _ in packaged_files(tmp_path)] == ["pkg/code.py"]
-    assert check_working_dir(str(tmp_path), limit_mb=1)["working_dir"] == str(tmp_path.resolve())
+    expected = ["pkg/code.py", "pkg/data/__init__.py"]
+    assert sorted(p.relative_to(tmp_path).as_posix() for p, _ in packaged_files(tmp_path)) == expected
+    assert sorted(p.relative_to(tmp_path).as_posix() for p, _ in check_working_dir(str(tmp_path), 1)) == expected
+
+
+def test_a_working_dir_ships_once_per_content_under_one_top_level_directory(tmp_path, storage_root):
+    make_tree(tmp_path / "project")
+    code = storage_root.child("code")
+    uri = ship_working_dir(str(tmp_path / "project"), 1, code)
+    assert uri == (code.child(code.list_names()[0]).url if storage_root.is_s3 else f"file://{code.path}/"
+                   f"{code.list_names()[0]}") and uri.endswith(".zip")
+    assert ship_working_dir(str(tmp_path / "project"), 1, code) == uri and len(code.list_names()) == 1
+    (tmp_path / "package.zip").write_bytes(code.child(code.list_names()[0]).read_bytes())
+    with zipfile.ZipFile(tmp_path / "package.zip") as package:  # Ray strips the one top-level directory
+        assert sorted(package.namelist()) == ["working_dir/pkg/code.py", "working_dir/pkg/data/__init__.py"]
+    (tmp_path / "project" / "pkg" / "code.py").write_text("print('changed')\n")
+    assert ship_working_dir(str(tmp_path / "project"), 1, code) != uri and len(code.list_names()) == 2
+
+
+def test_a_working_dir_uri_travels_as_given_and_must_name_a_zip(tmp_path):
+    cfg = load(None, ["data.path=/d", "runtime.working_dir=s3://bucket/code/v1.zip", "env.on_nodes=true"])
+    assert worker_runtime_env(cfg, resolve(str(tmp_path))) == {"working_dir": "s3://bucket/code/v1.zip"}
+    with pytest.raises(ConfigError, match=r"runtime.working_dir.*s3://bucket/code is a URI but not of a \.zip"):
+        load(None, ["data.path=/d", "runtime.working_dir=s3://bucket/code"])
 
 
 def test_oversized_working_dir_is_refused_listing_the_biggest_files(tmp_path):

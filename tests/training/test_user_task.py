@@ -74,6 +74,43 @@ def test_the_readme_example_trains_the_user_task_through_ray(tmp_path):
     assert read_model_record(run_root)[0]["task"] == EXAMPLE  # the example trained, not the built-in GPT
 
 
+SHIPPED_TASK = """
+import os
+
+from mypkg.data import WIDTH  # a package named data: it travels like any other
+from training.examples import conv_lm
+
+
+def make_task(cfg):
+    with open(os.path.join(cfg.checkpoint.path, "imported-from.txt"), "a") as record:
+        print(os.path.dirname(os.path.abspath(__file__)), file=record)
+    assert WIDTH == 64
+    return conv_lm.make_task(cfg)
+"""
+
+
+def test_a_project_directory_ships_to_every_worker_of_every_attempt(dataset_url, tmp_path):
+    project = tmp_path / "project"
+    (project / "mypkg" / "data").mkdir(parents=True)
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "data" / "__init__.py").write_text("WIDTH = 64\n")
+    (project / "mytask.py").write_text(SHIPPED_TASK)
+    (tmp_path / "runs").mkdir()
+    args = ["--set", "runtime.working_dir=.", "--set", "model.task=mytask:make_task", "--set",
+            f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'runs'}", "--set", "run.name=shipped",
+            "--set", "scaling.num_workers=2", "--set", "train.seq_len=32", "--set", "train.global_batch_size=8",
+            "--set", "train.max_steps=20", "--set", "checkpoint.every_steps=10", "--json"]
+    for stop in ("--set", "train.stop_at_step=10"), ():
+        proc = subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args, *stop], cwd=project,
+                              env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout)["final_step"] == 20
+    assert [p.suffix for p in (tmp_path / "runs" / "shipped" / "code").iterdir()] == [".zip"]  # one package, reused
+    imported_from = (tmp_path / "runs" / "imported-from.txt").read_text().splitlines()
+    on_workers = [where for where in imported_from if where != str(project)]
+    assert len(on_workers) >= 4 and all("runtime_resources" in where for where in on_workers), imported_from
+
+
 def example_config(data: str, ckpt: Path, name: str, *overrides: str) -> config.TrainConfig:
     return config.load(None, [
         f"data.path={data}", f"checkpoint.path={ckpt}", f"run.name={name}", f"model.task={EXAMPLE}",

@@ -95,13 +95,14 @@ def load_task(cfg: TrainConfig) -> Task:
 def _user_task(cfg: TrainConfig) -> Task:
     spec = cfg.model.task
     module_name, _, factory_name = spec.partition(":")
-    if cfg.runtime.working_dir and os.path.abspath(cfg.runtime.working_dir) not in sys.path:
-        sys.path.insert(0, os.path.abspath(cfg.runtime.working_dir))  # what Ray ships to the workers, here too
     try:
-        module = importlib.import_module(module_name)
+        module = _import_task_module(module_name, cfg.runtime.working_dir)
     except ImportError as exc:
         raise ConfigError("model.task", f"cannot import '{module_name}' ({exc})",
                           "install the package in the image, or ship its directory with runtime.working_dir") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported: its error, in one line
+        raise ConfigError("model.task", f"importing '{module_name}' raised {type(exc).__name__}: {exc}",
+                          "fix the module") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ConfigError("model.task", f"'{module_name}' has no callable '{factory_name}'",
@@ -118,6 +119,19 @@ def _user_task(cfg: TrainConfig) -> Task:
         raise ConfigError("model.task", f"{spec} returned a {type(task).__name__} without {', '.join(missing)}",
                           "subclass training.tasks.base.LanguageModelTask or implement the Task protocol")
     return task
+
+
+def _import_task_module(module_name: str, working_dir: str | None):
+    """On a Ray worker the shipped working dir is on the path already; on the driver (and in a process group
+    without Ray) the task comes from the local directory that Ray ships."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        local = os.path.abspath(working_dir) if working_dir and os.path.isdir(working_dir) else None
+        if local is None or local in sys.path:
+            raise
+        sys.path.insert(0, local)
+        return importlib.import_module(module_name)
 
 
 _REQUIRED = ("units_per_sample", "open_dataset", "build_model", "on_materialized", "init_weights", "loss",
