@@ -8,10 +8,10 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
-from infra.kernel import helm
-from infra.kernel.names import GPU_NAMESPACE, GPU_TOLERATION, KUBERAY_NAMESPACE
-from infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
+from spotray.cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
+from spotray.infra.kernel import helm
+from spotray.infra.kernel.names import GPU_NAMESPACE, GPU_TOLERATION, KUBERAY_NAMESPACE
+from spotray.infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
 
 
 class KubeRayOperator(pulumi.ComponentResource):

@@ -4,7 +4,14 @@ chart values (``cluster/charts.py``)."""
 
 from __future__ import annotations
 
-from infra.kernel.names import APP, APP_LABEL, KUBERAY_NAMESPACE, METRICS_PORTS, MONITORING_NAMESPACE, from_namespace
+from spotray.infra.kernel.names import (
+    APP,
+    APP_LABEL,
+    KUBERAY_NAMESPACE,
+    METRICS_PORTS,
+    MONITORING_NAMESPACE,
+    from_namespace,
+)
 
 RAY_NODE_LABEL = "ray.io/is-ray-node"  # KubeRay puts it on every head and worker pod
 

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from cluster.charts import STORAGE_SECRET
-from infra.kernel.config import StackConfig, TrainingJobConfig
-from infra.kernel.names import (
+from spotray.cluster.charts import STORAGE_SECRET
+from spotray.config import SPOT_NOTICE_S, TrainConfig
+from spotray.errors import ConfigError
+from spotray.infra.kernel.config import StackConfig, TrainingJobConfig
+from spotray.infra.kernel.names import (
     APP,
     APP_LABEL,
     COMPONENT_LABEL,
@@ -29,9 +31,7 @@ from infra.kernel.names import (
     TRAINING_SERVICE_ACCOUNT,
     minio_endpoint,
 )
-from infra.kernel.versions import RAY_VERSION
-from training.config import SPOT_NOTICE_S, TrainConfig
-from training.errors import ConfigError
+from spotray.infra.kernel.versions import RAY_VERSION
 
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
 CONFIG_DIR = "/etc/spotray"

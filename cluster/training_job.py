@@ -7,11 +7,11 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from cluster.network_policy import ray_head_policy
-from cluster.rayjob import JobSettings, config_map, rayjob
-from cluster.warm_spares import priority_classes
-from infra.kernel.resources import from_manifest
-from training.config import TrainConfig
+from spotray.cluster.network_policy import ray_head_policy
+from spotray.cluster.rayjob import JobSettings, config_map, rayjob
+from spotray.cluster.warm_spares import priority_classes
+from spotray.config import TrainConfig
+from spotray.infra.kernel.resources import from_manifest
 
 
 class TrainingNamespace(pulumi.ComponentResource):

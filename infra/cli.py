@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from training import cli as training_cli
-from training.errors import SpotrayError
+from spotray import cli as training_cli
+from spotray.errors import SpotrayError
 
 
 def _require_pulumi(command: str) -> None:
@@ -24,8 +24,8 @@ def _require_pulumi(command: str) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     _require_pulumi("plan")
-    from infra.kernel.config import load_stack_file
-    from infra.plan import PolicyViolations, format_plan, plan
+    from spotray.infra.kernel.config import load_stack_file
+    from spotray.infra.plan import PolicyViolations, format_plan, plan
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     result = plan(cfg)
@@ -37,8 +37,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 def _cmd_render(args: argparse.Namespace) -> None:
     _require_pulumi("render")
-    from infra.kernel.config import load_stack_file
-    from infra.render import render, stale, write
+    from spotray.infra.kernel.config import load_stack_file
+    from spotray.infra.render import render, stale, write
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     rendered = render(cfg)
@@ -60,7 +60,7 @@ def _cmd_render(args: argparse.Namespace) -> None:
 
 
 def _cmd_pulumi_env(args: argparse.Namespace) -> None:
-    from infra.kernel.config import load_stack_file
+    from spotray.infra.kernel.config import load_stack_file
 
     gitops = load_stack_file(Path(args.project_dir), args.stack).gitops
     print(f"backend-url={gitops.state_backend}\nsecrets-provider={gitops.secrets_provider}\n"
@@ -68,9 +68,9 @@ def _cmd_pulumi_env(args: argparse.Namespace) -> None:
 
 
 def _cmd_submit(args: argparse.Namespace) -> None:
-    from cluster.submit import submit
-    from infra.kernel.config import load_stack_file
-    from training import config
+    from spotray import config
+    from spotray.cluster.submit import submit
+    from spotray.infra.kernel.config import load_stack_file
 
     train = config.load(args.config, list(args.set or []))
     stack = load_stack_file(Path(args.project_dir), args.stack)

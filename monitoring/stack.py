@@ -7,11 +7,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_random as random
 
-from infra.kernel import helm
-from infra.kernel.config import MonitoringConfig
-from infra.kernel.resources import generated_secret
-from infra.kernel.versions import KUBE_PROMETHEUS_STACK
-from monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
+from spotray.infra.kernel import helm
+from spotray.infra.kernel.config import MonitoringConfig
+from spotray.infra.kernel.resources import generated_secret
+from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
+from spotray.monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
 
 
 class MonitoringStack(pulumi.ComponentResource):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from spotray.data.prepare import prepare
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.storage import StorageOptions, resolve
 from tests.corpus import write_corpus
 from tests.repo import REPO, STACKS
-from training.data.prepare import prepare
-from training.drills.s3local import create_bucket, moto_server
-from training.storage import StorageOptions, resolve
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +45,8 @@ def dataset_url(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def stack_plans() -> dict:
     """Every stack file of the repository planned once under Pulumi mocks: stack -> (StackConfig, Plan)."""
-    from infra.kernel.config import load_stack_file
-    from infra.plan import plan
+    from spotray.infra.kernel.config import load_stack_file
+    from spotray.infra.plan import plan
 
     plans = {}
     for stack in STACKS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.console import line_kind
+from spotray.console import line_kind
 
 
 def assert_quiet_console(console: str, *needles: str) -> None:

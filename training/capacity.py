@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import ray
 
-from training.config import ScalingSection
+from spotray.config import ScalingSection
 
 _WAITING = {"PENDING", "RESCHEDULING"}
 

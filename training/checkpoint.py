@@ -43,15 +43,15 @@ from torch.distributed.checkpoint.filesystem import (
     _FileSystemWriter,
     _StorageInfo,
 )
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
-from training.errors import CheckpointError, NotFound, SpotrayError, StorageError
-from training.ledger import new_attempt_id
-from training.save_budget import SaveFailureBudget
-from training.storage import Location
+from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError
+from spotray.ledger import new_attempt_id
+from spotray.save_budget import SaveFailureBudget
+from spotray.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -217,12 +217,18 @@ class _RawReader(FileSystemReader):
         self.chunks: dict = {}
         self.metadata_error: SpotrayError | None = None  # DCP reports it inside a message of its own
 
-    def read_metadata(self, *args, **kwargs):
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        """DCP's, reading the one ``.metadata`` this writer leaves, with the module names of older releases."""
         try:
-            return super().read_metadata(*args, **kwargs)
+            with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "rb") as stream:
+                metadata = _MetadataUnpickler(stream).load()
         except SpotrayError as exc:
-            self.metadata_error = self.metadata_error or exc  # the global .metadata's, not the per-rank fallback's
+            self.metadata_error = self.metadata_error or exc
             raise
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def set_up_storage_reader(self, metadata, is_coordinator: bool, *args, **kwargs) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -270,6 +276,16 @@ class _RawReader(FileSystemReader):
         if size != expected:
             raise CheckpointError(f"{file.url} is corrupted: {size} bytes, {COMMIT_MARKER} records {expected}")
         return lambda offset, length: memoryview(bytearray(handle.read_at(length, offset)))
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Checkpoints written before spotray's packages were installed as ``spotray.*`` name ``training.checkpoint``
+    classes in their ``.metadata``; a user's own ``training`` package must not be imported in their place."""
+
+    def find_class(self, module: str, name: str):
+        if module == "training" or module.startswith("training."):
+            module = f"spotray{module[len('training'):]}"
+        return super().find_class(module, name)
 
 
 class Checkpointer:

@@ -1,7 +1,7 @@
 """The training half of the ``spotray`` command line: ``prepare``, ``train``, ``status``, ``demo``, ``bench``.
 
 It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
-imports what it needs only when it runs. ``python -m training.cli`` serves this half alone."""
+imports what it needs only when it runs. ``python -m spotray.cli`` serves this half alone."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import os
 import sys
 from collections.abc import Callable
 
-from training.errors import SpotrayError
+from spotray.errors import SpotrayError
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
     import time
 
-    from training.data.executors import RayExecutor
-    from training.data.prepare import describe, prepare, verify
-    from training.storage import StorageOptions
+    from spotray.data.executors import RayExecutor
+    from spotray.data.prepare import describe, prepare, verify
+    from spotray.storage import StorageOptions
 
     options = StorageOptions(endpoint_url=args.endpoint_url)
     if args.verify:
@@ -41,16 +41,16 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
-    from training import config
+    from spotray import config
 
     overrides = list(args.set or [])
     if args.audit_dir:
         overrides.append(f"audit_dir={args.audit_dir}")
     cfg = config.load(args.config, overrides)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the log file keeps every rank's lines, as they come
-    from training import launch  # Ray and torch load only once the config is known to be valid
-    from training.console import RunConsole
-    from training.errors import TrainingFailed
+    from spotray import launch  # Ray and torch load only once the config is known to be valid
+    from spotray.console import RunConsole
+    from spotray.errors import TrainingFailed
 
     task = launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before any log file
     console = RunConsole(launch.log_location(cfg), verbose=args.verbose)
@@ -69,22 +69,22 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
     else:
-        from training.report import format_summary
+        from spotray.report import format_summary
 
         print(format_summary(summary))
 
 
 def _cmd_status(args: argparse.Namespace) -> None:
-    from training.status import format_text, gather
-    from training.storage import StorageOptions
+    from spotray.status import format_text, gather
+    from spotray.storage import StorageOptions
 
     status = gather(args.run_url, StorageOptions(endpoint_url=args.endpoint_url))
     print(json.dumps(status, indent=2) if args.json else format_text(status))
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
-    from training.export import export
-    from training.storage import StorageOptions
+    from spotray.export import export
+    from spotray.storage import StorageOptions
 
     result = export(args.run_url, args.out, step=args.step, options=StorageOptions(endpoint_url=args.endpoint_url),
                     max_shard_bytes=int(args.max_shard_gb * 1024**3))
@@ -94,9 +94,9 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
-    from training import demo
-    from training.launch import write_summary
-    from training.report import format_table
+    from spotray import demo
+    from spotray.launch import write_summary
+    from spotray.report import format_table
 
     summary = demo.run(args.workdir, tuple(args.set or ()))
     print(format_table(summary))
@@ -106,7 +106,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
-    from training.bench import run_bench
+    from spotray.bench import run_bench
 
     result = run_bench(args.which, args)
     print(json.dumps(result, indent=2) if args.json else _format_bench(result))

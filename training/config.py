@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from training.errors import ConfigError
-from training.interval import AUTO
-from training.storage import StorageOptions
+from spotray.errors import ConfigError
+from spotray.interval import AUTO
+from spotray.storage import StorageOptions
 
 MODEL_PRESETS = {  # (n_layer, n_head, n_embd) of the built-in GPT
     "tiny": (2, 2, 64),

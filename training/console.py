@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from training.storage import Location
+from spotray.storage import Location
 
 WORKER_FORMAT = "spotray %(levelname)s: %(message)s"
 _WORKER_NEEDS_USER = re.compile(r"spotray (WARNING|ERROR|CRITICAL): (.*?)(?:\s*\[repeated \d+x across cluster\])?\s*$")
@@ -83,12 +83,12 @@ class RunConsole:
         self._thread.start()
         if not self.verbose:
             self._handler = _ConsoleHandler(self)
-            logging.getLogger("training").addHandler(self._handler)
+            logging.getLogger("spotray").addHandler(self._handler)
         return self
 
     def __exit__(self, *exc) -> None:
         if self._handler:
-            logging.getLogger("training").removeHandler(self._handler)
+            logging.getLogger("spotray").removeHandler(self._handler)
         sys.stdout.close()
         sys.stdout, sys.stderr = self._streams
         os.dup2(self._saved[0], 1)

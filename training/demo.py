@@ -19,14 +19,14 @@ from pathlib import Path
 
 import yaml
 
-from training import config, goodput, ledger
-from training.data.prepare import prepare
-from training.drills.cluster import LocalCluster
-from training.errors import TrainingFailed
-from training.interval import nominal_every_steps
-from training.loop import run_root
-from training.report import plot_losses
-from training.storage import Location, resolve
+from spotray import config, goodput, ledger
+from spotray.data.prepare import prepare
+from spotray.drills.cluster import LocalCluster
+from spotray.errors import TrainingFailed
+from spotray.interval import nominal_every_steps
+from spotray.loop import run_root
+from spotray.report import plot_losses
+from spotray.storage import Location, resolve
 
 
 def stdlib_corpus(workdir: str) -> str:
@@ -38,7 +38,7 @@ def stdlib_corpus(workdir: str) -> str:
 
 
 def demo_config_path() -> str:
-    return str(resources.files("training") / "configs" / "demo.yaml")
+    return str(resources.files("spotray") / "configs" / "demo.yaml")
 
 
 @dataclass
@@ -97,7 +97,7 @@ def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
         try:
             # The driver is a process of its own, as in production: Ray reads its auth settings at import.
             driver = subprocess.run(
-                [sys.executable, "-m", "training.cli", "train", "--config", str(config_file), "--summary-json",
+                [sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file), "--summary-json",
                  str(summary_file)],
                 env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=subprocess.DEVNULL)
         finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from training import weights_file
-from training.checkpoint import (
+from spotray import weights_file
+from spotray.checkpoint import (
     CommittedCheckpoint,
     checkpoints_root,
     list_committed,
@@ -21,9 +21,9 @@ from training.checkpoint import (
     model_tensors,
     read_model_record,
 )
-from training.errors import CheckpointError, SpotrayError
-from training.storage import Location, StorageOptions, resolve
-from training.tasks.gpt import to_gpt2
+from spotray.errors import CheckpointError, SpotrayError
+from spotray.storage import Location, StorageOptions, resolve
+from spotray.tasks.gpt import to_gpt2
 
 RENAMES = {"gpt": to_gpt2}
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"

@@ -11,8 +11,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from training import ledger
-from training.storage import Location
+from spotray import ledger
+from spotray.storage import Location
 
 STATUS_FILE = "status.json"
 CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "wasted", "waiting", "other")

@@ -16,18 +16,18 @@ import ray.train
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from training import goodput, ledger
-from training.capacity import group_fits, resources_text, worker_group_placement
-from training.checkpoint import checkpoints_root, list_committed
-from training.config import SPOT_NOTICE_S, TrainConfig, from_dict
-from training.console import WORKER_FORMAT
-from training.errors import TrainingFailed
-from training.loop import WorkerEnv, run_root, train, units_per_step
-from training.progress import ProgressMonitor
-from training.ray_local import start_local_ray
-from training.runtime_env import worker_runtime_env
-from training.storage import Location, resolve
-from training.tasks import Task, load_task
+from spotray import goodput, ledger
+from spotray.capacity import group_fits, resources_text, worker_group_placement
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
+from spotray.console import WORKER_FORMAT
+from spotray.errors import TrainingFailed
+from spotray.loop import WorkerEnv, run_root, train, units_per_step
+from spotray.progress import ProgressMonitor
+from spotray.ray_local import start_local_ray
+from spotray.runtime_env import worker_runtime_env
+from spotray.storage import Location, resolve
+from spotray.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def ray_train_fn(config: dict) -> None:
 def _worker_logging() -> None:
     """spotray's INFO lines reach the driver's log once each, its warnings marked for the driver's terminal; Ray's
     own lines stay at their level."""
-    logger = logging.getLogger("training")
+    logger = logging.getLogger("spotray")
     logger.setLevel(logging.INFO)
     if not logger.handlers:
         handler = logging.StreamHandler()

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from training.errors import StorageError
-from training.storage import Location
+from spotray.errors import StorageError
+from spotray.storage import Location
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from training import ledger
-from training.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
-from training.config import TrainConfig
-from training.interval import CheckpointInterval, PreemptionChecks, nominal_every_steps
-from training.optim import allocate_state, build_optimizer, build_scheduler
-from training.parallel import gradient_sync, parallelize
-from training.sampler import ElasticSampler
-from training.storage import Location, resolve
-from training.tasks import Samples, Task, TaskError, load_task
-from training.telemetry import RankZeroTelemetry, Telemetry, peak_flops
+from spotray import ledger
+from spotray.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
+from spotray.config import TrainConfig
+from spotray.interval import CheckpointInterval, PreemptionChecks, nominal_every_steps
+from spotray.optim import allocate_state, build_optimizer, build_scheduler
+from spotray.parallel import gradient_sync, parallelize
+from spotray.sampler import ElasticSampler
+from spotray.storage import Location, resolve
+from spotray.tasks import Samples, Task, TaskError, load_task
+from spotray.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.config import MODEL_PRESETS, ModelSection
-from training.errors import ConfigError
+from spotray.config import MODEL_PRESETS, ModelSection
+from spotray.errors import ConfigError
 
 
 @dataclass(frozen=True)

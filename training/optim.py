@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from training.config import TrainSection
+from spotray.config import TrainSection
 
 
 def build_optimizer(model: torch.nn.Module, train: TrainSection) -> torch.optim.Optimizer:

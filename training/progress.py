@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from training import goodput, ledger
-from training.errors import SpotrayError
-from training.storage import Location
+from spotray import goodput, ledger
+from spotray.errors import SpotrayError
+from spotray.storage import Location
 
 if TYPE_CHECKING:
-    from training.capacity import Placement
+    from spotray.capacity import Placement
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
 

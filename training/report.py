@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.interval import AUTO
+from spotray.interval import AUTO
 
 
 def format_table(summary: dict) -> str:

@@ -16,9 +16,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from training.config import EnvSection, TrainConfig
-from training.errors import ConfigError
-from training.storage import Location
+from spotray.config import EnvSection, TrainConfig
+from spotray.errors import ConfigError
+from spotray.storage import Location
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.errors import CheckpointError
+from spotray.errors import CheckpointError
 
 
 class ElasticSampler:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 
-from training import goodput, ledger
-from training.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed, list_set_aside
-from training.errors import StorageError
-from training.storage import Location, StorageOptions, resolve
+from spotray import goodput, ledger
+from spotray.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed, list_set_aside
+from spotray.errors import StorageError
+from spotray.storage import Location, StorageOptions, resolve
 
 # Rank 0 rewrites its status.json every train.log_every steps (10 by default). A blocking checkpoint save or a
 # drain (a spot notice's 2 minutes, plus a grace) can hold the next write back for minutes without the run stopping.

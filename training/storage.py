@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from training.errors import NotFound, StorageError
+from spotray.errors import NotFound, StorageError
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from training import goodput, ledger
-from training.storage import Location
+from spotray import goodput, ledger
+from spotray.storage import Location
 
 if TYPE_CHECKING:
-    from training.checkpoint import CommittedCheckpoint
+    from spotray.checkpoint import CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws import iam
-from infra.kernel.config import GitOpsConfig
-from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
+from spotray.infra.aws import iam
+from spotray.infra.kernel.config import GitOpsConfig
+from spotray.infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
 
 DEPLOY_POLICY = "AdministratorAccess"  # pulumi up creates IAM roles, a VPC and EKS: less cannot run it
 PREVIEW_POLICY = "ReadOnlyAccess"

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.aws import iam
-from infra.kernel.config import StorageConfig
-from infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
+from spotray.infra.aws import iam
+from spotray.infra.kernel.config import StorageConfig
+from spotray.infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 
 
 @dataclass(frozen=True)

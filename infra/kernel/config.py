@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import yaml
 
-from infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
-from infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
-from infra.kernel.versions import MINIO_IMAGES, Image
-from training.errors import ConfigError, SpotrayError
+from spotray.errors import ConfigError, SpotrayError
+from spotray.infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
+from spotray.infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
+from spotray.infra.kernel.versions import MINIO_IMAGES, Image
 
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
@@ -490,7 +490,7 @@ def _defaults(stack: str, values: Mapping[str, Any]) -> dict[type, dict[str, Any
 
 
 def _run_config(cfg: StackConfig, project_dir: Path | None) -> Any:
-    from training.config import load
+    from spotray.config import load
 
     path = (project_dir or Path.cwd()) / cfg.training.config
     if not path.is_file():

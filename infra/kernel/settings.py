@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar
 
-from training.errors import ConfigError
+from spotray.errors import ConfigError
 
 NAMESPACE = "spotray"  # every setting sits under ``spotray:`` in Pulumi.<stack>.yaml
 

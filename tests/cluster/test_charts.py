@@ -1,14 +1,14 @@
 import pytest
 
-from cluster.charts import (
+from spotray.cluster.charts import (
     dcgm_exporter_values,
     device_plugin_values,
     kuberay_operator_values,
     minio_user_entry,
     minio_values,
 )
-from infra.kernel.config import MonitoringConfig, StorageConfig
-from infra.kernel.versions import Image
+from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
+from spotray.infra.kernel.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
 
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}

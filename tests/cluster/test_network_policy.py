@@ -3,11 +3,11 @@
 import kubernetes_validate
 import pytest
 
-from cluster.charts import minio_values
-from cluster.network_policy import RAY_NODE_LABEL, ray_head_policy
-from cluster.rayjob import JobSettings, rayjob
-from infra.kernel.config import MonitoringConfig, StorageConfig
-from training.config import load
+from spotray.cluster.charts import minio_values
+from spotray.cluster.network_policy import RAY_NODE_LABEL, ray_head_policy
+from spotray.cluster.rayjob import JobSettings, rayjob
+from spotray.config import load
+from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
 
 POLICY = ray_head_policy("spotray")
 JOB = rayjob(load(None, ["run.name=gpt", "data.path=s3://b/d", "checkpoint.path=s3://b/c"]),

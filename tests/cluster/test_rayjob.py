@@ -5,12 +5,12 @@ import jsonschema
 import pytest
 import yaml
 
-from cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, job_settings, rayjob
-from infra.kernel.config import TrainingJobConfig
+from spotray.cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, job_settings, rayjob
+from spotray.config import from_dict, load
+from spotray.errors import ConfigError
+from spotray.infra.kernel.config import TrainingJobConfig
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
-from training.config import from_dict, load
-from training.errors import ConfigError
 
 RAYJOB_CRD = "kuberay-v1.7.0_ray.io_rayjobs.yaml"
 SETTINGS = JobSettings(image="123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:abc123",

@@ -7,12 +7,12 @@ import stat
 import pytest
 import yaml
 
-from cluster.submit import submit
-from infra.cli import main
+from spotray.cluster.submit import submit
+from spotray.config import load
+from spotray.errors import SpotrayError
+from spotray.infra.cli import main
 from tests.cluster.stacks import stack
 from tests.repo import REPO
-from training.config import load
-from training.errors import SpotrayError
 
 FAKE_KUBECTL = """#!/bin/sh
 echo "$@" >> "$KUBECTL_LOG"

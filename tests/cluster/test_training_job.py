@@ -3,10 +3,10 @@
 import pytest
 import yaml
 
-from infra.plan import plan
+from spotray.errors import ConfigError
+from spotray.infra.plan import plan
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
-from training.errors import ConfigError
 
 
 @pytest.mark.parametrize("backend", ["minio", "s3"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from infra.cli import main
+from spotray import goodput, ledger
+from spotray.console import line_kind
+from spotray.infra.cli import main
+from spotray.storage import resolve
 from tests.console import assert_full_log, assert_quiet_console, the_log
-from training import goodput, ledger
-from training.console import line_kind
-from training.storage import resolve
 
 
 def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd):

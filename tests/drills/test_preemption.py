@@ -10,14 +10,15 @@ import time
 
 import pytest
 
+from spotray import ledger
+from spotray.checkpoint import checkpoints_root, list_committed, read_model_record
+from spotray.drills.cluster import LocalCluster
+from spotray.drills.outage import OutageProxy
+from spotray.drills.s3local import create_bucket
+from spotray.storage import StorageOptions, resolve
 from tests.console import assert_quiet_console
 from tests.training.test_hf import TINY
-from training import ledger
-from training.checkpoint import checkpoints_root, list_committed, read_model_record
-from training.drills.cluster import LocalCluster
-from training.drills.outage import OutageProxy
-from training.drills.s3local import create_bucket
-from training.storage import StorageOptions, resolve
+from tests.training.test_user_task import imported_on_workers, write_project
 
 MAX_STEPS = 120
 
@@ -29,7 +30,7 @@ def start_training(dataset_url: str, tmp_path, cluster: LocalCluster, *extra: st
         "checkpoint.every_steps=20", "checkpoint.keep_last=10", "scaling.num_workers=2",
         "fault_tolerance.preemption_check_every_steps=2", *extra,
     ]
-    cmd = [sys.executable, "-m", "training.cli", "train", "--summary-json", str(tmp_path / "summary.json"),
+    cmd = [sys.executable, "-m", "spotray.cli", "train", "--summary-json", str(tmp_path / "summary.json"),
            "--audit-dir", str(tmp_path / "audit")]
     for arg in args:
         cmd += ["--set", arg]
@@ -191,3 +192,13 @@ def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_
     console = (tmp_path / "driver.log").read_text()
     assert_quiet_console(console, "the cluster has 0 CPU free and no node big enough for one worker")
     assert console.count("WAITING for capacity") == 1, console
+
+
+@pytest.mark.slow  # make test ships a project on the local Ray (tests/training/test_user_task.py)
+def test_a_shipped_project_reaches_the_workers_of_every_attempt_on_a_cluster(cluster, dataset_url, tmp_path):
+    project = write_project(tmp_path / "project")
+    (tmp_path / "ckpt").mkdir()
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.kill, "kill",
+                                        f"runtime.working_dir={project}", "model.task=mytask:make_task")
+    assert second_from <= first_last
+    assert len(imported_on_workers(tmp_path / "ckpt", project)) >= 4  # 2 workers in each of 2 attempts

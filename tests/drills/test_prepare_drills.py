@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from spotray.bench.prepare import train_bpe, write_corpus
+from spotray.data.prepare import prepare
+from spotray.drills.cluster import LocalCluster
 from tests.training.test_prepare import dataset_digests
-from training.bench.prepare import train_bpe, write_corpus
-from training.data.prepare import prepare
-from training.drills.cluster import LocalCluster
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 SETTINGS = {"chunk_mb": 1.0, "shard_tokens": 1 << 16}

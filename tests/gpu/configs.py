@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from spotray.config import TrainConfig
 from tests.training.configs import make_config
-from training.config import TrainConfig
 
 GPU = ("scaling.use_gpu=true", "train.dtype=bfloat16")
 

@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from spotray import launch
+from spotray.loop import WorkerEnv, train
+from spotray.ray_local import free_port
+from spotray.telemetry import peak_flops
 from tests.gpu.configs import assert_learns, gpu_config, losses
-from training import launch
-from training.loop import WorkerEnv, train
-from training.ray_local import free_port
-from training.telemetry import peak_flops
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 FP32 = "train.dtype=float32"

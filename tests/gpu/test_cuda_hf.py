@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
+from spotray import launch
+from spotray.data.dataset import TokenDataset
 from tests.gpu.configs import assert_learns, gpu_config, losses
-from training import launch
-from training.data.dataset import TokenDataset
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

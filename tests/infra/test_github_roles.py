@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from infra.kernel.config import from_values
-from infra.plan import plan
+from spotray.errors import ConfigError
+from spotray.infra.kernel.config import from_values
+from spotray.infra.plan import plan
 from tests.infra.test_stack_config import values
-from training.errors import ConfigError
 
 AWS_STACKS = ("dev", "staging", "prod")
 PROVIDER = "arn:aws:iam::123456789012:oidc-provider/token.actions.githubusercontent.com"

@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from infra.kernel.config import from_values
-from infra.render import render, write
+from spotray.errors import ConfigError
+from spotray.infra.kernel.config import from_values
+from spotray.infra.render import render, write
 from tests.cluster.test_render import check_valid
 from tests.infra.test_stack_config import values
 from tests.repo import REPO
 from tests.schemas import validate_custom_resource
-from training.errors import ConfigError
 
 CRDS = {"AppProject": "argocd-v3.5.1_appproject-crd.yaml", "ApplicationSet": "argocd-v3.5.1_applicationset-crd.yaml",
         "Application": "argocd-v3.5.1_application-crd.yaml",
@@ -219,7 +219,7 @@ def test_bad_gitops_settings_name_the_key_and_the_fix_before_anything_is_planned
 
 
 def test_the_command_prints_the_stacks_backend_for_the_pipeline(capsys):
-    from infra.cli import main
+    from spotray.infra.cli import main
 
     assert main(["pulumi-env", "--stack", "prod", "--project-dir", str(REPO)]) == 0
     assert capsys.readouterr().out.splitlines() == [

@@ -5,8 +5,8 @@ import re
 
 import ray
 
-from infra.kernel.config import MonitoringConfig
-from monitoring.dashboards import (
+from spotray.infra.kernel.config import MonitoringConfig
+from spotray.monitoring.dashboards import (
     CONFIG_MAP_LIMIT,
     DASHBOARD_LABEL,
     all_dashboards,
@@ -15,9 +15,9 @@ from monitoring.dashboards import (
     panel_queries,
     training_dashboard,
 )
-from monitoring.values import kube_prometheus_stack_values
+from spotray.monitoring.values import kube_prometheus_stack_values
+from spotray.telemetry import GAUGES, TIME_GAUGE
 from tests.monitoring.prom import as_promql, promtool, rules_file
-from training.telemetry import GAUGES, TIME_GAUGE
 
 PRICES = {"spot": 1.21, "on-demand": 4.1}
 

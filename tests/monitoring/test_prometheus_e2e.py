@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.kernel.config import AlertThresholds
-from monitoring.dashboards import panel_queries, ray_dashboards, training_dashboard
-from monitoring.monitors import relabelings
-from monitoring.rules import rule_groups
+from spotray.drills.cluster import LocalCluster
+from spotray.infra.kernel.config import AlertThresholds
+from spotray.monitoring.dashboards import panel_queries, ray_dashboards, training_dashboard
+from spotray.monitoring.monitors import relabelings
+from spotray.monitoring.rules import rule_groups
+from spotray.ray_local import free_port
 from tests.monitoring.prom import as_promql, binary, rules_file
-from training.drills.cluster import LocalCluster
-from training.ray_local import free_port
 
 CLUSTER = "e2e-cluster"
 # Panels with no data in a CPU run, and why.
@@ -114,7 +114,7 @@ def test_dashboards_have_data_and_rules_evaluate_on_a_real_prometheus(tmp_path, 
             log = tmp_path / "train.log"
             config = train_config(tmp_path, dataset_url)
             started = time.time()
-            proc = subprocess.Popen([sys.executable, "-m", "training.cli", "train", "--config", str(config)],
+            proc = subprocess.Popen([sys.executable, "-m", "spotray.cli", "train", "--config", str(config)],
                                     env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
                                     stdout=log.open("w"), stderr=subprocess.STDOUT)
             seen_at = _last_time_with(prometheus, "count(ray_spotray_checkpoint_step)", proc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training import config
+from spotray import config
 
 
 def make_config(data_path: str, ckpt_path: str, name: str, *overrides: str, model: dict | None = None

@@ -14,7 +14,7 @@ def ray_cluster(s3_server):
     import ray
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # notice a finished run sooner
-    from training.ray_local import free_port, start_local_ray
+    from spotray.ray_local import free_port, start_local_ray
 
     metrics_port = free_port()
     start_local_ray(4, log_to_driver=False, _metrics_export_port=metrics_port)

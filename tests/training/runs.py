@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from training import launch
-from training.config import TrainConfig
-from training.drills.process_group import train_on_process_group
-from training.loop import run_root
+from spotray import launch
+from spotray.config import TrainConfig
+from spotray.drills.process_group import train_on_process_group
+from spotray.loop import run_root
 
 
 def train_locally(cfg: TrainConfig) -> dict:

@@ -44,8 +44,8 @@ def test_throughput_bench():
 
 
 def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
-    from training.bench.throughput import _bare_step_s, _config
-    from training.errors import SpotrayError
+    from spotray.bench.throughput import _bare_step_s, _config
+    from spotray.errors import SpotrayError
 
     cfg = _config(str(tmp_path / "no-data"), str(tmp_path), steps=2, name="bare", preset="tiny", workers=2)
     with pytest.raises(SpotrayError, match=r"bare torchrun loop failed \(exit 1\): .*DataError: no index\.json at"):

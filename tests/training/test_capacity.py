@@ -8,11 +8,11 @@ import pytest
 from ray.train import ScalingConfig
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from training import capacity, progress
-from training.capacity import Placement, group_fits, worker_group_placement
-from training.config import ScalingSection
-from training.console import line_kind
-from training.storage import resolve
+from spotray import capacity, progress
+from spotray.capacity import Placement, group_fits, worker_group_placement
+from spotray.config import ScalingSection
+from spotray.console import line_kind
+from spotray.storage import resolve
 
 
 @pytest.mark.parametrize(("use_gpu", "resources"), [(False, {}), (True, {}), (False, {"CPU": 2, "memory": 0}),

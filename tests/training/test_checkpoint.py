@@ -10,11 +10,11 @@ import shutil
 import pytest
 import torch
 
-from training.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed, list_set_aside
-from training.drills.outage import OutageProxy
-from training.drills.s3local import create_bucket
-from training.errors import CheckpointError
-from training.storage import StorageOptions, resolve
+from spotray.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed, list_set_aside
+from spotray.drills.outage import OutageProxy
+from spotray.drills.s3local import create_bucket
+from spotray.errors import CheckpointError
+from spotray.storage import StorageOptions, resolve
 
 
 class Box:
@@ -87,7 +87,7 @@ def test_corrupted_checkpoint_is_skipped_and_the_previous_one_used(run_root, vic
     with caplog.at_level(logging.WARNING):
         assert restore(run_root) == (10, 10.0)
     [warning] = [r.getMessage() for r in caplog.records
-                 if r.levelno == logging.WARNING and r.name == "training.checkpoint"]
+                 if r.levelno == logging.WARNING and r.name == "spotray.checkpoint"]
     assert warning.startswith(f"checkpoint step 20 cannot be read ({target.url} is corrupted: ")
     # The error's own message: what differs, found against recorded, never a line of source code.
     found_and_recorded = {("__0_0.distcp", "flip"): r"item box\.t \(bytes 0-16384\) has CRC32 \w{8}, \.metadata "

@@ -1,7 +1,7 @@
 import pytest
 
-from training import config
-from training.errors import ConfigError
+from spotray import config
+from spotray.errors import ConfigError
 
 
 def load(*pairs):
@@ -47,7 +47,7 @@ def test_yaml_file_then_overrides(tmp_path):
 ])
 def test_invalid_values_name_the_field(pairs, field):
     if field is None:  # caught when the model is shaped, not by the config alone
-        from training.model import GPTShape
+        from spotray.model import GPTShape
 
         with pytest.raises(ConfigError, match="model.n_head"):
             GPTShape.from_config(load(*pairs).model, 257, 32)

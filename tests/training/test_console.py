@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from training.console import RunConsole, line_kind
-from training.storage import resolve
+from spotray.console import RunConsole, line_kind
+from spotray.storage import resolve
 
 WORKER_WARNING = "(RayTrainWorker pid=41, ip=127.0.0.1) spotray WARNING: checkpoint of step 5 failed (timeout)"
 
@@ -26,7 +26,7 @@ def chatter(console: RunConsole) -> None:
     print("(RayTrainWorker pid=41) spotray INFO: step 3/6 loss 4.2", flush=True)
     for suffix in ("", " [repeated 3x across cluster]"):  # every rank logs it; Ray folds the repeats
         print(f"\x1b[36m{WORKER_WARNING}\x1b[0m{suffix}", file=sys.stderr, flush=True)
-    logging.getLogger("training.runtime_env").warning("env.forward: not set on the driver: HF_TOKEN")
+    logging.getLogger("spotray.runtime_env").warning("env.forward: not set on the driver: HF_TOKEN")
 
 
 def test_the_terminal_gets_spotrays_lines_and_the_log_file_everything(tmp_path, capfd):
@@ -78,7 +78,7 @@ def test_an_s3_run_uploads_its_log_beside_the_ledger(s3_bucket, capfd):
 
 
 def test_an_unreachable_log_bucket_is_one_warning_and_the_log_stays_local(s3_server, capfd):
-    from training.storage import StorageOptions
+    from spotray.storage import StorageOptions
 
     log = resolve("s3://no-such-bucket/run/logs/train.log", StorageOptions(endpoint_url=s3_server))
     with RunConsole(log) as console:

@@ -9,11 +9,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from training.data.dataset import TokenDataset
-from training.data.prepare import prepare
-from training.data.tokenizer import load_tokenizer
-from training.errors import DataError
-from training.storage import resolve
+from spotray.data.dataset import TokenDataset
+from spotray.data.prepare import prepare
+from spotray.data.tokenizer import load_tokenizer
+from spotray.errors import DataError
+from spotray.storage import resolve
 
 EOT = 256
 SHARD0, SHARD1 = "chunks/c000000/shard-00000.bin", "chunks/c000000/shard-00001.bin"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from spotray.checkpoint import Checkpointer
+from spotray.export import export
+from spotray.loop import WorkerEnv, build_parts, run_root
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
 from tests.training.test_hf import TINY
-from training.checkpoint import Checkpointer
-from training.export import export
-from training.loop import WorkerEnv, build_parts, run_root
 
 MODELS = {"gpt": None, "llama": {"hf": {"config": TINY["llama"]}}, "gpt2": {"hf": {"config": TINY["gpt2"]}}}
 
@@ -70,7 +70,7 @@ def _run_dir(cfg) -> Path:
 
 
 def spotray_export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.cli", "export", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "spotray.cli", "export", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -99,9 +99,9 @@ def test_a_url_that_is_not_a_run_is_refused(tmp_path):
 
 
 def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
+    from spotray.data.prepare import prepare
     from tests.corpus import write_corpus
     from tests.training.test_data import train_bpe
-    from training.data.prepare import prepare
 
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     train_bpe(tmp_path / "tok", [p.read_text() for p in sorted(Path(corpus).iterdir())])
@@ -117,7 +117,7 @@ def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
 def test_a_ddp_run_on_s3_exports_to_s3_with_the_trained_models_logits(dataset_url, s3_bucket, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from training.storage import resolve
+    from spotray.storage import resolve
 
     bucket_url, options = s3_bucket
     cfg = make_config(dataset_url, f"{bucket_url}/runs", "ddp", "parallel=ddp", "train.max_steps=4",

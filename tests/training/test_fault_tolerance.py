@@ -9,14 +9,14 @@ import time
 import pytest
 import torch
 
+from spotray import goodput, launch, ledger, loop
+from spotray.checkpoint import Checkpointer, checkpoints_root, list_committed
+from spotray.errors import TrainingFailed
+from spotray.launch import failure_config
+from spotray.loop import WorkerEnv, _survive_preemption
+from spotray.storage import resolve
+from spotray.telemetry import RankZeroTelemetry
 from tests.training.configs import make_config
-from training import goodput, launch, ledger, loop
-from training.checkpoint import Checkpointer, checkpoints_root, list_committed
-from training.errors import TrainingFailed
-from training.launch import failure_config
-from training.loop import WorkerEnv, _survive_preemption
-from training.storage import resolve
-from training.telemetry import RankZeroTelemetry
 
 
 @pytest.mark.parametrize(("failures", "preemptions"), [(0, -1), (-1, 0), (3, 7)])

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from spotray import goodput, ledger, progress
+from spotray.progress import ProgressMonitor
+from spotray.storage import resolve
+from spotray.telemetry import RankZeroTelemetry
 from tests.training.ledgers import write_attempt
-from training import goodput, ledger, progress
-from training.progress import ProgressMonitor
-from training.storage import resolve
-from training.telemetry import RankZeroTelemetry
 
 
 @pytest.fixture
@@ -85,9 +85,9 @@ def test_live_goodput_counts_earlier_attempts_kept_steps(run, monkeypatch):
 
 
 def test_records_outlive_a_storage_outage_and_the_newest_version_wins(s3_server, tmp_path):
-    from training.drills.outage import OutageProxy
-    from training.drills.s3local import create_bucket
-    from training.storage import StorageOptions
+    from spotray.drills.outage import OutageProxy
+    from spotray.drills.s3local import create_bucket
+    from spotray.storage import StorageOptions
 
     with OutageProxy(s3_server) as proxy:
         location = resolve(f"{create_bucket(s3_server)}/r.txt", StorageOptions(endpoint_url=proxy.endpoint))

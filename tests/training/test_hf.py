@@ -10,13 +10,13 @@ import sys
 import pytest
 import torch
 
+from spotray import launch
+from spotray.drills.process_group import run_on_process_group
+from spotray.errors import ConfigError
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally as train
 from tests.training.test_resume import SAME_TRAINING_TOL, assert_losses_close, losses
-from training import launch
-from training.drills.process_group import run_on_process_group
-from training.errors import ConfigError
 
 TINY = {
     "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -80,10 +80,10 @@ def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) ->
     Plain lists and arrays cross the process boundary: torch shares tensors through a socket that dies with the rank."""
     import torch.distributed as dist
 
-    from training.config import from_dict
-    from training.loop import WorkerEnv, build_parts
-    from training.storage import resolve
-    from training.tasks.pretrained import load_sharded
+    from spotray.config import from_dict
+    from spotray.loop import WorkerEnv, build_parts
+    from spotray.storage import resolve
+    from spotray.tasks.pretrained import load_sharded
 
     cfg = from_dict(config)
     parts = build_parts(cfg, WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
@@ -105,7 +105,7 @@ def save_tiny(arch: str, directory, **kwargs) -> None:
 
 
 def upload(directory, url: str, options) -> None:
-    from training.storage import resolve
+    from spotray.storage import resolve
 
     for path in directory.iterdir():
         resolve(f"{url}/{path.name}", options).put_file(str(path))
@@ -149,7 +149,7 @@ def spotray_train(dataset_url: str, tmp_path, *overrides: str) -> subprocess.Com
     args = ["train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'ckpt'}"]
     for override in overrides:
         args += ["--set", override]
-    return subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "spotray.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -7,9 +7,8 @@ import time
 
 import pytest
 
-from tests.training.configs import make_config
-from training.drills.process_group import run_on_process_group
-from training.interval import (
+from spotray.drills.process_group import run_on_process_group
+from spotray.interval import (
     CHECK_EVERY_S,
     UNMEASURED_EVERY_STEPS,
     CheckpointInterval,
@@ -17,6 +16,7 @@ from training.interval import (
     interval_steps,
     young_daly_s,
 )
+from tests.training.configs import make_config
 
 
 def test_young_daly_is_the_root_of_twice_the_save_time_the_mean_time_between_interruptions():
@@ -47,7 +47,7 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
-    caplog.set_level(logging.INFO, "training.interval")
+    caplog.set_level(logging.INFO, "spotray.interval")
     interval = CheckpointInterval("auto", 1.0, 10_000, start_step=120)  # resumed at step 120
     assert "until this attempt has timed a save" in caplog.text
     assert not interval.due(120 + UNMEASURED_EVERY_STEPS - 1) and interval.due(120 + UNMEASURED_EVERY_STEPS)
@@ -64,8 +64,8 @@ def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
 def _train_with_saves_slower_from(rank: int, world_size: int, config: dict, slow_from: int, extra_s: float) -> list:
     """A rank of the drill below: rank 1's saves get ``extra_s`` slower from step ``slow_from``; returns each
     checkpoint's step and the interval chosen after it."""
-    from training.checkpoint import Checkpointer
-    from training.drills.process_group import train_worker
+    from spotray.checkpoint import Checkpointer
+    from spotray.drills.process_group import train_worker
 
     save, checkpointed, seen = Checkpointer.save, CheckpointInterval.checkpointed, []
 
@@ -112,8 +112,8 @@ def _train_recording_preemption_checks(rank: int, world_size: int, config: dict,
     """A rank of the drill below, each step ``step_sleep_s`` longer; returns the steps at which each rank asked."""
     import torch.distributed as dist
 
-    from training.drills.process_group import train_worker
-    from training.loop import _StepRunner
+    from spotray.drills.process_group import train_worker
+    from spotray.loop import _StepRunner
 
     step, checked, asked = _StepRunner.__call__, PreemptionChecks.checked, []
 

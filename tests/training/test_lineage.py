@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from spotray import status
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.export import ExportError, export
+from spotray.loop import run_root
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
-from training import status
-from training.checkpoint import checkpoints_root, list_committed
-from training.export import ExportError, export
-from training.loop import run_root
 
 
 def flip_64_bytes(location) -> None:

@@ -2,8 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.config import ModelSection
-from training.model import GPT, GPTShape
+from spotray.config import ModelSection
+from spotray.model import GPT, GPTShape
 
 
 def tiny(**kw) -> GPT:

@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from training.config import ModelSection, TrainSection
-from training.model import GPT, GPTShape
-from training.optim import allocate_state, build_optimizer, lr_factor
+from spotray.config import ModelSection, TrainSection
+from spotray.model import GPT, GPTShape
+from spotray.optim import allocate_state, build_optimizer, lr_factor
 
 
 def model_and_optimizer() -> tuple[GPT, torch.optim.Optimizer]:

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from training.parallel import parallelize
-from training.ray_local import free_port
+from spotray.parallel import parallelize
+from spotray.ray_local import free_port
 
 
 def _first_weights_after_wrapping(rank: int, port: int, sync_init: bool, out: dict) -> None:

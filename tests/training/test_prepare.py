@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from training.data import sources
-from training.data.executors import InlineExecutor, RayExecutor
-from training.data.prepare import prepare, verify
-from training.errors import DataError, StorageError
-from training.storage import resolve
+from spotray.data import sources
+from spotray.data.executors import InlineExecutor, RayExecutor
+from spotray.data.prepare import prepare, verify
+from spotray.errors import DataError, StorageError
+from spotray.storage import resolve
 
 EOT = 256
 
@@ -247,8 +247,8 @@ def test_a_file_named_parquet_that_is_not_parquet_is_named(tmp_path):
 
 
 def test_a_missing_bucket_and_an_unreachable_endpoint_are_one_line_each(s3_server, tmp_path):
-    from training.ray_local import free_port
-    from training.storage import StorageOptions
+    from spotray.ray_local import free_port
+    from spotray.storage import StorageOptions
 
     with pytest.raises(StorageError, match=re.escape(
             "--input 's3://no-such-bucket/raw': bucket 'no-such-bucket' does not exist; check the bucket name")):

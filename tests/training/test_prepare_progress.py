@@ -1,7 +1,7 @@
 import io
 
-from training.data import progress as progress_module
-from training.data.progress import PrepareProgress
+from spotray.data import progress as progress_module
+from spotray.data.progress import PrepareProgress
 
 
 class Terminal(io.StringIO):

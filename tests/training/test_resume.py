@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from spotray import launch
+from spotray.storage import resolve
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
-from training import launch
-from training.storage import resolve
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 RUN = {"ddp": launch.run, "fsdp": train_locally}
@@ -86,8 +86,8 @@ def test_ray_keeps_no_checkpoint_state_that_a_storage_outage_could_fail(straight
 
 def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):
     """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback); saves overlap training."""
+    from spotray.data.prepare import prepare
     from tests.corpus import write_corpus
-    from training.data.prepare import prepare
 
     bucket, options = s3_bucket
     corpus = write_corpus(tmp_path / "corpus")

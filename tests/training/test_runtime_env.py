@@ -3,9 +3,9 @@ import zipfile
 
 import pytest
 
-from training.config import EnvSection, load
-from training.errors import ConfigError
-from training.runtime_env import (
+from spotray.config import EnvSection, load
+from spotray.errors import ConfigError
+from spotray.runtime_env import (
     STORAGE_ENV,
     check_working_dir,
     forwarded_env,
@@ -13,7 +13,7 @@ from training.runtime_env import (
     ship_working_dir,
     worker_runtime_env,
 )
-from training.storage import resolve
+from spotray.storage import resolve
 
 
 def test_named_variables_and_storage_credentials_are_forwarded_and_values_never_logged(caplog):

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from training.sampler import ElasticSampler
+from spotray.sampler import ElasticSampler
 
 
 def test_order_is_a_function_of_seed_and_epoch_only():
@@ -43,7 +43,7 @@ def test_any_sequence_of_world_sizes_consumes_each_epoch_exactly_once(worlds):
 
 
 def test_resuming_with_other_data_or_seed_is_refused():
-    from training.errors import CheckpointError
+    from spotray.errors import CheckpointError
 
     state = ElasticSampler(100, 10, seed=1).state_dict()
     with pytest.raises(CheckpointError, match="seed"):

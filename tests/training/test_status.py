@@ -15,12 +15,12 @@ import time
 import pytest
 import torch
 
+from spotray import goodput, ledger, status
+from spotray.checkpoint import Checkpointer
+from spotray.cli import main
+from spotray.storage import resolve
 from tests.repo import REPO
 from tests.training.ledgers import write_attempt
-from training import goodput, ledger, status
-from training.checkpoint import Checkpointer
-from training.cli import main
-from training.storage import resolve
 
 CHECKPOINT_STEPS = (50, 70)
 PARTIAL_STEP_DIR = "step_000000090"  # a save in flight: files written, no commit marker yet
@@ -168,7 +168,7 @@ def test_a_url_that_is_not_a_run_ends_in_one_error_line(run, tmp_path, capsys, w
 
 
 def test_the_command_line_exits_2_with_one_line_and_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "training.cli", "status", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "spotray.cli", "status", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"spotray: error: {tmp_path} is not a training run (it has no attempts/ or "

@@ -1,7 +1,7 @@
 import pytest
 
-from training.errors import StorageError
-from training.storage import resolve
+from spotray.errors import StorageError
+from spotray.storage import resolve
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 import torch
 
+from spotray import launch
+from spotray.telemetry import GAUGES, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
 from tests.training.configs import make_config
-from training import launch
-from training.telemetry import GAUGES, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
 
 
 def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():

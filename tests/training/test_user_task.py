@@ -14,16 +14,16 @@ from statistics import mean
 import pytest
 import torch
 
+from spotray import config, launch, loop
+from spotray.checkpoint import read_model_record
+from spotray.drills.process_group import train_on_process_group
+from spotray.errors import TrainingFailed
+from spotray.examples import conv_lm
+from spotray.storage import resolve
 from tests.corpus import write_corpus
 from tests.repo import REPO
-from training import config, launch, loop
-from training.checkpoint import read_model_record
-from training.drills.process_group import train_on_process_group
-from training.errors import TrainingFailed
-from training.examples import conv_lm
-from training.storage import resolve
 
-EXAMPLE = "training.examples.conv_lm:make_task"
+EXAMPLE = "spotray.examples.conv_lm:make_task"
 
 RAISING_FACTORY = """
 def make_task(cfg):
@@ -33,7 +33,7 @@ def make_task(cfg):
 MEAN_LOSS_TASK = """
 import torch.nn.functional as F
 
-from training.examples.conv_lm import ConvLMTask
+from spotray.examples.conv_lm import ConvLMTask
 
 
 class MeanLossTask(ConvLMTask):
@@ -78,7 +78,7 @@ SHIPPED_TASK = """
 import os
 
 from mypkg.data import WIDTH  # a package named data: it travels like any other
-from training.examples import conv_lm
+from spotray.examples import conv_lm
 
 
 def make_task(cfg):
@@ -89,26 +89,50 @@ def make_task(cfg):
 """
 
 
-def test_a_project_directory_ships_to_every_worker_of_every_attempt(dataset_url, tmp_path):
-    project = tmp_path / "project"
+def write_project(project: Path) -> Path:
+    """A user's project: a task module that exists only here, its own package named data, and packages named like
+    spotray's folders that fail if anything imports them."""
     (project / "mypkg" / "data").mkdir(parents=True)
     (project / "mypkg" / "__init__.py").write_text("")
     (project / "mypkg" / "data" / "__init__.py").write_text("WIDTH = 64\n")
     (project / "mytask.py").write_text(SHIPPED_TASK)
+    for name in ("training", "infra", "cluster", "monitoring", "data"):
+        (project / name).mkdir()
+        (project / name / "__init__.py").write_text(f"raise ImportError('the project\\'s own {name} was imported')\n")
+    return project
+
+
+def imported_on_workers(run_dir: Path, project: Path) -> list[str]:
+    """Where the workers imported the task module from (``SHIPPED_TASK`` records it), asserting it was Ray's copy."""
+    imported_from = (run_dir / "imported-from.txt").read_text().splitlines()
+    on_workers = [where for where in imported_from if where != str(project)]
+    assert all("runtime_resources" in where for where in on_workers), imported_from
+    return on_workers
+
+
+def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_nothing(dataset_url, tmp_path):
+    """A user's project with packages named like spotray's folders, run from its own directory: the task that
+    exists only there trains on 2 workers, stops, and resumes bitwise; no worker imports it from anywhere else."""
+    project = write_project(tmp_path / "project")
     (tmp_path / "runs").mkdir()
-    args = ["--set", "runtime.working_dir=.", "--set", "model.task=mytask:make_task", "--set",
-            f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'runs'}", "--set", "run.name=shipped",
-            "--set", "scaling.num_workers=2", "--set", "train.seq_len=32", "--set", "train.global_batch_size=8",
-            "--set", "train.max_steps=20", "--set", "checkpoint.every_steps=10", "--json"]
-    for stop in ("--set", "train.stop_at_step=10"), ():
-        proc = subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args, *stop], cwd=project,
+
+    def spotray_train(name: str, *extra: str) -> dict:
+        args = ["--set", "runtime.working_dir=.", "--set", "model.task=mytask:make_task", "--set",
+                f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path / 'runs'}", "--set",
+                f"run.name={name}", "--set", "scaling.num_workers=2", "--set", "train.seq_len=32", "--set",
+                "train.global_batch_size=8", "--set", "train.max_steps=20", "--set", "checkpoint.every_steps=10",
+                "--json", *extra]
+        proc = subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args], cwd=project,
                               env=cli_env(), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads(proc.stdout)["final_step"] == 20
+        return json.loads(proc.stdout)
+
+    straight = spotray_train("straight")
+    assert spotray_train("shipped", "--set", "train.stop_at_step=10")["final_step"] == 10
+    resumed = spotray_train("shipped")
+    assert resumed["final_step"] == 20 and resumed["param_sha256"] == straight["param_sha256"]
     assert [p.suffix for p in (tmp_path / "runs" / "shipped" / "code").iterdir()] == [".zip"]  # one package, reused
-    imported_from = (tmp_path / "runs" / "imported-from.txt").read_text().splitlines()
-    on_workers = [where for where in imported_from if where != str(project)]
-    assert len(on_workers) >= 4 and all("runtime_resources" in where for where in on_workers), imported_from
+    assert len(imported_on_workers(tmp_path / "runs", project)) >= 6  # 2 workers in each of 3 attempts
 
 
 def example_config(data: str, ckpt: Path, name: str, *overrides: str) -> config.TrainConfig:
@@ -171,7 +195,8 @@ def test_a_loss_whose_units_are_not_constant_stops_the_run(dataset_url, tmp_path
 
 BAD_TASKS = {
     "no_such_package.tasks:make_task": "cannot import 'no_such_package.tasks'",
-    "training.examples.conv_lm:no_such_factory": "has no callable 'no_such_factory'",
+    "training.examples.conv_lm:make_task": "write model.task=spotray.examples.conv_lm:make_task",
+    "spotray.examples.conv_lm:no_such_factory": "has no callable 'no_such_factory'",
     "raising_factory:make_task": "raised ValueError: width must be even",
 }
 
@@ -185,7 +210,7 @@ def bad_task_runs(dataset_url, tmp_path_factory) -> dict[str, tuple[subprocess.C
     started = {}
     for i, task in enumerate(BAD_TASKS):
         ckpt = root / f"runs{i}"
-        command = [sys.executable, "-m", "training.cli", "train", "--set", f"model.task={task}",
+        command = [sys.executable, "-m", "spotray.cli", "train", "--set", f"model.task={task}",
                    "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={ckpt}"]
         started[task] = (subprocess.Popen(command, cwd=root, env=cli_env(PYTHONPATH=str(root)), text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE), ckpt)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file, save_file
 
-from training import weights_file
-from training.storage import resolve
+from spotray import weights_file
+from spotray.storage import resolve
 
 TENSORS = {"w": torch.arange(12, dtype=torch.float32).reshape(4, 3), "b": torch.tensor([1.5, -2.0]).bfloat16(),
            "step": torch.tensor(7, dtype=torch.int64)}

@@ -4,36 +4,36 @@ from __future__ import annotations
 
 import argparse
 
-from training.errors import SpotrayError
+from spotray.errors import SpotrayError
 
 
 def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "checkpoint":
-        from training.bench.checkpoint import run
+        from spotray.bench.checkpoint import run
 
         return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
     if which == "recovery":
-        from training.bench.recovery import run
+        from spotray.bench.recovery import run
 
         return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds,
                    every=args.steps or 5, fault=args.fault)
     if which == "pretrained":
-        from training.bench.pretrained import run
+        from spotray.bench.pretrained import run
 
         return run(preset=args.preset, s3_endpoint=args.s3_endpoint)
     if which == "prepare":
-        from training.bench.prepare import run
+        from spotray.bench.prepare import run
 
         return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint, rounds=args.rounds)
     if which == "goodput":
-        from training.bench.goodput import run
+        from spotray.bench.goodput import run
 
         return run(steps=args.steps or 6000, rounds=args.rounds)
     if which == "export":
-        from training.bench.export import run
+        from spotray.bench.export import run
 
         return run(preset=args.preset)
-    from training.bench.throughput import run
+    from spotray.bench.throughput import run
 
     return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
                gpu=args.gpu, hf_config=args.hf_config)

@@ -1,7 +1,7 @@
 """A bare torchrun DDP loop — the baseline ``spotray bench throughput`` compares ``spotray train`` against.
 
 Same task (model, data, loss), batch split and optimizer as spotray, with none of its machinery (no Ray, no
-checkpoints, no ledger). Run as: torchrun --nproc_per_node N -m training.bench.bare_ddp CONFIG_JSON
+checkpoints, no ledger). Run as: torchrun --nproc_per_node N -m spotray.bench.bare_ddp CONFIG_JSON
 With ``scaling.use_gpu`` it trains on one GPU per process over NCCL, under ``train.dtype`` autocast; with
 ``train.compile`` it compiles the same units; both as spotray does.
 """
@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from training.config import from_dict
-from training.optim import build_optimizer
-from training.sampler import ElasticSampler
-from training.tasks import load_task
+from spotray.config import from_dict
+from spotray.optim import build_optimizer
+from spotray.sampler import ElasticSampler
+from spotray.tasks import load_task
 
 
 def main(config_json: str) -> None:

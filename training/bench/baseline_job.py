@@ -3,7 +3,7 @@ only the checkpoint and resume recipe differs): DDP via ``prepare_model``, rank 
 ``torch.save``s model + optimizer into a temp dir reported as a Ray checkpoint (Ray copies it to storage), and
 every rank ``torch.load``s it from ``ray.train.get_checkpoint()`` after a restart.
 
-Run as ``python -m training.bench.baseline_job '<json>'`` against the cluster at RAY_ADDRESS."""
+Run as ``python -m spotray.bench.baseline_job '<json>'`` against the cluster at RAY_ADDRESS."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from training.config import from_dict
-from training.data.dataset import TokenDataset
-from training.model import GPT, GPTShape
-from training.optim import build_optimizer
-from training.storage import resolve
+from spotray.config import from_dict
+from spotray.data.dataset import TokenDataset
+from spotray.model import GPT, GPTShape
+from spotray.optim import build_optimizer
+from spotray.storage import resolve
 
 
 def train_fn(job: dict) -> None:

@@ -19,15 +19,15 @@ import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from training import config
-from training.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
-from training.checkpoint import Checkpointer
-from training.drills.s3local import create_bucket, moto_server
-from training.errors import SpotrayError
-from training.launch import root_cause
-from training.loop import WorkerEnv, build_parts, run_root
-from training.ray_local import start_local_ray
-from training.storage import resolve
+from spotray import config
+from spotray.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
+from spotray.checkpoint import Checkpointer
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.errors import SpotrayError
+from spotray.launch import root_cause
+from spotray.loop import WorkerEnv, build_parts, run_root
+from spotray.ray_local import start_local_ray
+from spotray.storage import resolve
 
 _CHUNK = 8 << 20
 

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from training.data.prepare import prepare
-from training.storage import Location, resolve
+from spotray.data.prepare import prepare
+from spotray.storage import Location, resolve
 
 
 def bench_corpus(workdir: str) -> str:

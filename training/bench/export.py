@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 
-from training import config
-from training.bench.common import bench_corpus, machine, new_workdir
-from training.drills.process_group import train_on_process_group
+from spotray import config
+from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.drills.process_group import train_on_process_group
 
 _MEASURE = """
 import json, math, resource, sys, time
-from training.checkpoint import checkpoints_root, list_committed, model_tensors
-from training.export import export
-from training.storage import resolve
+from spotray.checkpoint import checkpoints_root, list_committed, model_tensors
+from spotray.export import export
+from spotray.storage import resolve
 run, out = sys.argv[1:3]
 shapes = model_tensors(list_committed(checkpoints_root(resolve(run)))[0])
 model_bytes = sum(dtype.itemsize * math.prod(shape) for dtype, shape in shapes.values())

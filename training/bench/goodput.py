@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from training import demo
-from training.bench.common import machine, new_workdir
+from spotray import demo
+from spotray.bench.common import machine, new_workdir
 
 DRILL_INTERRUPTIONS = 2  # the demo's notice and kill
 VARIANTS = {

@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.bench.common import machine, new_workdir
-from training.data.executors import RayExecutor
-from training.data.prepare import prepare
-from training.storage import StorageOptions, resolve
+from spotray.bench.common import machine, new_workdir
+from spotray.data.executors import RayExecutor
+from spotray.data.prepare import prepare
+from spotray.storage import StorageOptions, resolve
 
 FILES = 4
 _WORDS = np.array("spot instance node ray train shard token model loss step batch drain grace save load resume gpu "
@@ -41,8 +41,8 @@ def run(size_mb: int = 1024, s3_endpoint: str | None = None, rounds: int = 2,
 def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, parallelisms: tuple[int, ...]) -> dict:
     import ray
 
-    from training.drills.s3local import create_bucket, moto_server
-    from training.ray_local import start_local_ray
+    from spotray.drills.s3local import create_bucket, moto_server
+    from spotray.ray_local import start_local_ray
 
     jsonl_files = write_corpus(f"{workdir}/jsonl", size_mb)
     parquet_files = _as_parquet(jsonl_files, f"{workdir}/parquet")

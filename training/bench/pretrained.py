@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
-from training import config
-from training.bench.common import bench_corpus, machine, new_workdir
-from training.config import MODEL_PRESETS
-from training.drills.process_group import run_on_process_group
-from training.drills.s3local import create_bucket, moto_server
-from training.storage import StorageOptions, resolve
+from spotray import config
+from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.config import MODEL_PRESETS
+from spotray.drills.process_group import run_on_process_group
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.storage import StorageOptions, resolve
 
 
 def run(preset: str = "small", s3_endpoint: str | None = None) -> dict:
@@ -53,8 +53,8 @@ def _sharded_load(rank: int, world_size: int, config_dict: dict) -> list[tuple[i
     """Every rank's (bytes read, seconds) for loading the pretrained weights into its FSDP shards."""
     import torch.distributed as dist
 
-    from training.parallel import parallelize
-    from training.tasks import load_task
+    from spotray.parallel import parallelize
+    from spotray.tasks import load_task
 
     cfg = config.from_dict(config_dict)
     task = load_task(cfg)

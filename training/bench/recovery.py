@@ -23,13 +23,13 @@ from pathlib import Path
 
 import yaml
 
-from training import config, goodput, ledger
-from training.bench.common import bench_corpus, machine, new_workdir
-from training.checkpoint import checkpoints_root, list_committed
-from training.drills.cluster import LocalCluster
-from training.drills.s3local import create_bucket, moto_server
-from training.errors import SpotrayError
-from training.loop import run_root
+from spotray import config, goodput, ledger
+from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.drills.cluster import LocalCluster
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.errors import SpotrayError
+from spotray.loop import run_root
 
 CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the replacement joins
 SETTLE_S = 1.0  # after the first checkpoint, so that Ray has registered the baseline's too
@@ -59,7 +59,7 @@ class _Resumed:
 def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
     config_file = log.with_suffix(".yaml")
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    proc = subprocess.Popen([sys.executable, "-m", "training.cli", "train", "--config", str(config_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
     attempts = run_root(cfg).child("attempts")
@@ -81,7 +81,7 @@ def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
 def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
     progress = log.with_suffix(".progress.json")
     job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray", "progress": str(progress)}
-    proc = subprocess.Popen([sys.executable, "-m", "training.bench.baseline_job", json.dumps(job)],
+    proc = subprocess.Popen([sys.executable, "-m", "spotray.bench.baseline_job", json.dumps(job)],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
 

@@ -13,11 +13,11 @@ import sys
 
 import torch
 
-from training import config, launch
-from training.bench.common import bench_corpus, machine, new_workdir
-from training.errors import SpotrayError
-from training.tasks import load_task
-from training.telemetry import peak_flops
+from spotray import config, launch
+from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.errors import SpotrayError
+from spotray.tasks import load_task
+from spotray.telemetry import peak_flops
 
 GPU_BATCH_PER_WORKER = 16  # sequences per GPU and step
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop
@@ -42,7 +42,7 @@ def _bare_step_s(cfg: config.TrainConfig) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what Ray gives a 1-CPU worker
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.scaling.num_workers}",
-         "-m", "training.bench.bare_ddp", json.dumps(cfg.to_dict())],
+         "-m", "spotray.bench.bare_ddp", json.dumps(cfg.to_dict())],
         capture_output=True, text=True, env=env, timeout=1800,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from training.data.index import DTYPES
-from training.data.sources import DocumentReader, Piece
-from training.data.tokenizer import Tokenizer
-from training.errors import StorageError
-from training.storage import Location, StorageOptions, resolve
+from spotray.data.index import DTYPES
+from spotray.data.sources import DocumentReader, Piece
+from spotray.data.tokenizer import Tokenizer
+from spotray.errors import StorageError
+from spotray.storage import Location, StorageOptions, resolve
 
 CHUNKS_DIR = "chunks"
 MANIFEST = "manifest.json"

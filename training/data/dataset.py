@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from training.data.index import DTYPES, read_index
-from training.errors import DataError
-from training.storage import Location, StorageOptions, resolve
+from spotray.data.index import DTYPES, read_index
+from spotray.errors import DataError
+from spotray.storage import Location, StorageOptions, resolve
 
 S3_READ_THREADS = 8
 

@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-from training.errors import SpotrayError, StorageError
+from spotray.errors import SpotrayError, StorageError
 
 OnDone = Callable[[object, dict], None]
 OnProgress = Callable[[int, int, int], None]
@@ -87,7 +87,7 @@ def _connect() -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=False, logging_level=logging.WARNING)
         return False
-    from training.ray_local import start_local_ray
+    from spotray.ray_local import start_local_ray
 
     start_local_ray(os.cpu_count() or 1, log_to_driver=False, logging_level=logging.WARNING)
     return True

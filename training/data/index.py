@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 
-from training.errors import DataError, StorageError
-from training.storage import Location
+from spotray.errors import DataError, StorageError
+from spotray.storage import Location
 
 FORMAT = "spotray-tokens"
 VERSION = 1

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from training.data.chunks import (
+from spotray.data.chunks import (
     ChunkJob,
     ChunkSettings,
     CompactJob,
@@ -26,13 +26,13 @@ from training.data.chunks import (
     read_docs,
     tokenize_chunk,
 )
-from training.data.executors import InlineExecutor
-from training.data.index import DTYPES, FORMAT, INDEX_NAME, TOKENIZER_NAME, VERSION, dtype_for_vocab, read_index
-from training.data.progress import PrepareProgress
-from training.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
-from training.data.tokenizer import load_tokenizer
-from training.errors import DataError, StorageError
-from training.storage import Location, StorageOptions, resolve
+from spotray.data.executors import InlineExecutor
+from spotray.data.index import DTYPES, FORMAT, INDEX_NAME, TOKENIZER_NAME, VERSION, dtype_for_vocab, read_index
+from spotray.data.progress import PrepareProgress
+from spotray.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
+from spotray.data.tokenizer import load_tokenizer
+from spotray.errors import DataError, StorageError
+from spotray.storage import Location, StorageOptions, resolve
 
 VERIFY_BLOCK = 8 << 20
 

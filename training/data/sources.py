@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from training.errors import DataError, StorageError
-from training.storage import Location, StorageOptions, resolve
+from spotray.errors import DataError, StorageError
+from spotray.storage import Location, StorageOptions, resolve
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}

@@ -7,8 +7,8 @@ import hashlib
 
 import numpy as np
 
-from training.errors import DataError, StorageError
-from training.storage import StorageOptions, resolve
+from spotray.errors import DataError, StorageError
+from spotray.storage import StorageOptions, resolve
 
 BYTES = "bytes"
 _EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>")

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.errors import SpotrayError
-from training.ray_local import free_port, state_api_env
+from spotray.errors import SpotrayError
+from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
 

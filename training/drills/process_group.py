@@ -10,8 +10,8 @@ import time
 import traceback
 from collections.abc import Callable
 
-from training.errors import TrainingFailed
-from training.ray_local import free_port
+from spotray.errors import TrainingFailed
+from spotray.ray_local import free_port
 
 
 def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600) -> dict:
@@ -22,8 +22,8 @@ def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600
 def train_worker(rank: int, world_size: int, config: dict) -> dict:
     import torch
 
-    from training.config import from_dict
-    from training.loop import WorkerEnv, train
+    from spotray.config import from_dict
+    from spotray.loop import WorkerEnv, train
 
     return train(from_dict(config), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
 

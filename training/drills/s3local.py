@@ -11,8 +11,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from training.errors import SpotrayError
-from training.ray_local import free_port
+from spotray.errors import SpotrayError
+from spotray.ray_local import free_port
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
 

@@ -1,6 +1,6 @@
 """A user task that is not a transformer: a causal convolutional language model.
 
-Train it with ``spotray train --set model.task=training.examples.conv_lm:make_task --set data.path=...``. It shows
+Train it with ``spotray train --set model.task=spotray.examples.conv_lm:make_task --set data.path=...``. It shows
 each part of the task seam: the model declared on the meta device, every parameter initialised from the torch RNG,
 the blocks FSDP shards one by one, and a piece of mutable training state (the token-dropout schedule) that the
 checkpoint saves through ``extra_state``, so that a resumed run trains exactly as an uninterrupted one.
@@ -15,8 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from training.config import TrainConfig
-from training.tasks.base import LanguageModelTask, linear_weights
+from spotray import LanguageModelTask, TrainConfig, linear_weights
 
 WIDTH = 64
 DEPTH = 2

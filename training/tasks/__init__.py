@@ -8,18 +8,19 @@ The rules a task keeps so that resume is exact and data is consumed exactly once
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from training.errors import ConfigError, SpotrayError
+from spotray.errors import ConfigError, SpotrayError
 
 if TYPE_CHECKING:
     import torch
 
-    from training.config import TrainConfig
+    from spotray.config import TrainConfig
 
 
 class Samples(Protocol):
@@ -82,11 +83,11 @@ def load_task(cfg: TrainConfig) -> Task:
     """The run's task; a user's factory is imported and called here, with errors naming ``model.task``."""
     kind = cfg.model.kind
     if kind == "gpt":
-        from training.tasks.gpt import GPTTask
+        from spotray.tasks.gpt import GPTTask
 
         return GPTTask(cfg)
     if kind == "hf":
-        from training.tasks.hf import HFTask
+        from spotray.tasks.hf import HFTask
 
         return HFTask(cfg)
     return _user_task(cfg)
@@ -98,6 +99,10 @@ def _user_task(cfg: TrainConfig) -> Task:
     try:
         module = _import_task_module(module_name, cfg.runtime.working_dir)
     except ImportError as exc:
+        if module_name.startswith("training.") and importlib.util.find_spec(f"spotray.{module_name[9:]}"):
+            raise ConfigError("model.task", f"'{module_name}' is spotray's own module, which is now named "
+                              f"'spotray.{module_name[9:]}'", f"write model.task=spotray.{module_name[9:]}:"
+                              f"{factory_name}") from None
         raise ConfigError("model.task", f"cannot import '{module_name}' ({exc})",
                           "install the package in the image, or ship its directory with runtime.working_dir") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported: its error, in one line
@@ -117,7 +122,7 @@ def _user_task(cfg: TrainConfig) -> Task:
     missing = [name for name in _REQUIRED if not hasattr(task, name)]
     if missing:
         raise ConfigError("model.task", f"{spec} returned a {type(task).__name__} without {', '.join(missing)}",
-                          "subclass training.tasks.base.LanguageModelTask or implement the Task protocol")
+                          "subclass spotray.LanguageModelTask or implement the Task protocol")
     return task
 
 

@@ -7,10 +7,10 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from training.config import TrainConfig
-from training.data.dataset import TokenDataset
-from training.errors import ConfigError
-from training.tasks import ExportSpec
+from spotray.config import TrainConfig
+from spotray.data.dataset import TokenDataset
+from spotray.errors import ConfigError
+from spotray.tasks import ExportSpec
 
 
 class LanguageModelTask:

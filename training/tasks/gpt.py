@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from training.model import GPT, GPTShape
-from training.tasks import ExportSpec
-from training.tasks.base import LanguageModelTask, attention_flops_per_token
+from spotray.model import GPT, GPTShape
+from spotray.tasks import ExportSpec
+from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
 
 
 class GPTTask(LanguageModelTask):

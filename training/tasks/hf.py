@@ -6,11 +6,11 @@ import json
 
 import torch
 
-from training.errors import ConfigError, StorageError
-from training.storage import resolve
-from training.tasks import ExportSpec
-from training.tasks.base import LanguageModelTask, attention_flops_per_token
-from training.tasks.pretrained import check_directory, load_sharded
+from spotray.errors import ConfigError, StorageError
+from spotray.storage import resolve
+from spotray.tasks import ExportSpec
+from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
+from spotray.tasks.pretrained import check_directory, load_sharded
 
 
 class HFTask(LanguageModelTask):
