@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.storage import WriteResult
 
+from spotray.compat import renamed
 from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError
 from spotray.ledger import new_attempt_id
 from spotray.save_budget import SaveFailureBudget
@@ -283,9 +284,7 @@ class _MetadataUnpickler(pickle.Unpickler):
     classes in their ``.metadata``; a user's own ``training`` package must not be imported in their place."""
 
     def find_class(self, module: str, name: str):
-        if module == "training" or module.startswith("training."):
-            module = f"spotray{module[len('training'):]}"
-        return super().find_class(module, name)
+        return super().find_class(renamed(module) or module, name)
 
 
 class Checkpointer:
@@ -333,7 +332,7 @@ class Checkpointer:
         previous = self.wait()
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
-        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size, "attempt": self.attempt_id},
+        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
                                    on_commit=lambda: self._schedule_retention(step))
         started = time.monotonic()
         try:

@@ -70,11 +70,8 @@ def _zip(root: Path, files: list[tuple[Path, int]], package: Path) -> str:
             entry.external_attr = (path.stat().st_mode & 0o777) << 16
             entry.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(entry, path.read_bytes())
-    digest = hashlib.sha256()
     with open(package, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def forwarded_env(env: EnvSection, environ: dict | None = None) -> dict[str, str]:

@@ -128,9 +128,12 @@ def test_retention_counts_only_the_lineage_and_never_deletes_a_checkpoint_it_did
     assert restore(run_root, ckpt) == (10, 10.0)
     ckpts = tmp_path / "run" / "checkpoints"
     shutil.copytree(ckpts / "step_000000010", ckpts / "step_000000030")  # committed above it by someone else
+    (ckpts / "step_000000020").mkdir()
+    (ckpts / "step_000000020" / "__0_0.distcp").write_bytes(b"partial")  # above this attempt's newest, below 30
     ckpt.save(14, {"box": Box(14.0)})
     ckpt.close()
     assert [c.step for c in list_committed(run_root.child("checkpoints"))] == [30, 14]
+    assert (ckpts / "step_000000020").exists()  # 30 is not this lineage's newest: nothing below it is garbage yet
 
 
 def test_a_checkpoint_with_a_damaged_commit_marker_is_set_aside_not_deleted(run_root):

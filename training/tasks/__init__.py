@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spotray.compat import renamed
 from spotray.errors import ConfigError, SpotrayError
 
 if TYPE_CHECKING:
@@ -99,10 +100,10 @@ def _user_task(cfg: TrainConfig) -> Task:
     try:
         module = _import_task_module(module_name, cfg.runtime.working_dir)
     except ImportError as exc:
-        if module_name.startswith("training.") and importlib.util.find_spec(f"spotray.{module_name[9:]}"):
+        current = renamed(module_name)
+        if current and importlib.util.find_spec(current):
             raise ConfigError("model.task", f"'{module_name}' is spotray's own module, which is now named "
-                              f"'spotray.{module_name[9:]}'", f"write model.task=spotray.{module_name[9:]}:"
-                              f"{factory_name}") from None
+                              f"'{current}'", f"write model.task={current}:{factory_name}") from None
         raise ConfigError("model.task", f"cannot import '{module_name}' ({exc})",
                           "install the package in the image, or ship its directory with runtime.working_dir") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed as it was imported: its error, in one line
