@@ -76,6 +76,9 @@ def training_dashboard(gpu_hour_price_usd: Mapping[str, float]) -> Dashboard:
                                  ("{{run}}", _by_run("tokens_per_second"))))
              .with_panel(_series("MFU", "percentunit", ("{{run}}", _by_run("mfu"))))
              .with_panel(_series("Loss", "none", ("{{run}}", _by_run("loss"))))
+             .with_panel(_series("Validation loss", "none",
+                                 ("val {{run}}", _by_run("val_loss")),
+                                 ("train {{run}}", _by_run("loss"))))
              .with_panel(_series("Step time", "s", ("{{run}}", _by_run("step_seconds"))))
              .with_row(gd.Row("Checkpoints"))
              .with_panel(_series("Checkpoint time", "s",
@@ -98,11 +101,14 @@ def training_dashboard(gpu_hour_price_usd: Mapping[str, float]) -> Dashboard:
                                  ("{{run}}", _by_run("recovery_seconds"))))
              .with_panel(_series("Emergency checkpoint at the last notice (1 committed, 0 not)", "none",
                                  ("{{run}}", _by_run("emergency_checkpoint"))))
-             .with_row(gd.Row("GPUs"))
+             .with_row(gd.Row("GPUs and memory"))
              .with_panel(_series("GPU utilisation", "percent",
                                  ("{{Hostname}} GPU {{gpu}}", "avg by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)")))
              .with_panel(_series("GPU memory used", "decmbytes",
-                                 ("{{Hostname}} GPU {{gpu}}", "max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED)"))))
+                                 ("{{Hostname}} GPU {{gpu}}", "max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED)")))
+             # each rank's host RSS (now, peak) and CUDA caching allocator peaks, as the training loop measures them
+             .with_panel(_series("Worker memory", "bytes", (
+                 "{{run}} rank {{rank}} {{kind}}", f"max by (run, rank, kind) (ray_spotray_memory_bytes{{{RUN}}})"))))
     if gpu_hour_price_usd:
         board = board.with_panel(_series("GPU pools' cost rate", "currencyUSD", *(
             (f"{capacity} $/h", f'sum(karpenter_nodes_allocatable{{{GPU_RESOURCE}, capacity_type="{capacity}"}}) '

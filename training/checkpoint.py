@@ -72,6 +72,7 @@ class CommittedCheckpoint:
     files: dict
     committed_at: float  # UNIX time of its commit marker
     damage: str | None = None  # why its commit marker cannot be read, for one listed with ``damaged=True``
+    val_loss: float | None = None  # the validation loss of its step, where the run evaluated before saving it
 
     @property
     def url(self) -> str:
@@ -81,6 +82,21 @@ class CommittedCheckpoint:
     def nbytes(self) -> int:
         """Its size in storage, from the commit marker (no file is read or listed)."""
         return sum(int(f["size"]) for f in self.files.values())
+
+
+def retained(lineage: list[CommittedCheckpoint], keep_last: int, keep_best: bool) -> list[CommittedCheckpoint]:
+    """The one retention rule: the ``keep_last`` newest of a lineage (newest first), and with ``keep_best`` also
+    its best one, extra to them."""
+    kept = lineage[:keep_last]
+    best = best_checkpoint(lineage) if keep_best else None
+    return kept + [best] if best is not None and best not in kept else kept
+
+
+def best_checkpoint(checkpoints: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:
+    """The checkpoint with the lowest validation loss (the older one of a tie); None where none was evaluated.
+    An emergency checkpoint is never evaluated, so never the best."""
+    evaluated = [c for c in checkpoints if c.val_loss is not None]
+    return min(evaluated, key=lambda c: (c.val_loss, c.step)) if evaluated else None
 
 
 def checkpoints_root(run_root: Location) -> Location:
@@ -295,10 +311,11 @@ class Checkpointer:
     ranks alike."""
 
     def __init__(self, run_root: Location, *, rank: int, world_size: int, keep_last: int, async_save: bool = False,
-                 failure_budget_s: float = 900.0, max_retry_gap: int = 50, attempt_id: str | None = None):
+                 failure_budget_s: float = 900.0, max_retry_gap: int = 50, attempt_id: str | None = None,
+                 keep_best: bool = False):
         self.root = checkpoints_root(run_root)
         self.set_aside_root = set_aside_root(run_root)
-        self.keep_last, self.async_save = keep_last, async_save
+        self.keep_last, self.keep_best, self.async_save = keep_last, keep_best, async_save
         self.rank, self.world_size = rank, world_size
         self.attempt_id = attempt_id or new_attempt_id()
         # The lineage: the step this attempt resumed from (None until it restores) and the steps it committed.
@@ -325,15 +342,16 @@ class Checkpointer:
         """A save failed and its retry is due at this step."""
         return self.failures.retry_due(step)
 
-    def save(self, step: int, state: dict, blocking: bool = False) -> CommittedCheckpoint | None:
-        """Save ``state`` as of ``step``. Sync (or ``blocking``): returns it once committed, or None if it failed.
-        Async: returns the previous save (waited for, so at most one is in flight) and lets this one finish in
-        the background."""
+    def save(self, step: int, state: dict, blocking: bool = False,
+             val_loss: float | None = None) -> CommittedCheckpoint | None:
+        """Save ``state`` as of ``step`` (whose validation loss, if evaluated, goes into the commit marker). Sync (or
+        ``blocking``): returns it once committed, or None if it failed. Async: returns the previous save (waited for,
+        so at most one is in flight) and lets this one finish in the background."""
         previous = self.wait()
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
-        writer = _CommittingWriter(location, {"step": step, "world_size": self.world_size},
-                                   on_commit=lambda: self._schedule_retention(step))
+        marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
+        writer = _CommittingWriter(location, marker, on_commit=lambda: self._schedule_retention(step))
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
@@ -350,7 +368,7 @@ class Checkpointer:
         self._record_duration(started)
         return self._succeeded(step)
 
-    def ensure_saved(self, step: int, state: dict) -> CommittedCheckpoint | None:
+    def ensure_saved(self, step: int, state: dict, val_loss: float | None = None) -> CommittedCheckpoint | None:
         """Commit ``step`` now (blocking) unless it is committed already; a committed step is never rewritten."""
         if self._pending is not None and self._pending[0] == step:
             committed = self.wait()
@@ -358,14 +376,14 @@ class Checkpointer:
                 return committed
         if self.last_committed is not None and self.last_committed.step == step:
             return self.last_committed
-        return self.save(step, state, blocking=True)
+        return self.save(step, state, blocking=True, val_loss=val_loss)
 
-    def commit_final(self, step: int, state: dict) -> CommittedCheckpoint:
+    def commit_final(self, step: int, state: dict, val_loss: float | None = None) -> CommittedCheckpoint:
         """Commit ``step``, retrying with backoff through an outage until it succeeds or the budget runs out."""
-        committed = self.ensure_saved(step, state)
+        committed = self.ensure_saved(step, state, val_loss)
         while committed is None:
             time.sleep(self.failures.final_wait_s())
-            committed = self.save(step, state, blocking=True)
+            committed = self.save(step, state, blocking=True, val_loss=val_loss)
         return committed
 
     def _record_duration(self, started: float) -> None:
@@ -421,12 +439,15 @@ class Checkpointer:
             self._stager.close()
 
     def _apply_retention(self, newest: int) -> None:
-        """Keeps the ``keep_last`` newest checkpoints of this attempt's lineage; ``newest`` is its newest commit."""
+        """Applies ``retained`` to this attempt's lineage; ``newest`` is its newest commit."""
         listed = list_committed(self.root, warn=False, damaged=True)
         lineage = [c for c in listed if c.damage is None and self._in_lineage(c.step)]
-        for old in lineage[self.keep_last :]:
-            log.info("retention: deleting checkpoint step %d (keep_last=%d)", old.step, self.keep_last)
-            old.location.delete_tree()
+        kept = retained(lineage, self.keep_last, self.keep_best)
+        for old in lineage:
+            if old not in kept:
+                log.info("retention: deleting checkpoint step %d (keep_last=%d%s)", old.step, self.keep_last,
+                         ", keep_best" if self.keep_best else "")
+                old.location.delete_tree()
         with_marker = {c.step for c in listed}
         for name in self.root.list_names():
             step = _parse_step(name)
@@ -614,7 +635,7 @@ def list_committed(root: Location, warn: bool = True, damaged: bool = False) -> 
                             COMMIT_MARKER)
             continue
         found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"],
-                                         float(marker.get("committed_at", 0.0))))
+                                         float(marker.get("committed_at", 0.0)), val_loss=marker.get("val_loss")))
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 

@@ -27,8 +27,11 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
         if args.input or args.output:
             raise SpotrayError("prepare --verify URL checks a prepared dataset: give it without --input/--output")
         result = verify(args.verify, options)
-        print(f"verified {result['shards']} shards ({result['tokens']:,} tokens, {result['bytes'] / 1e6:,.1f} MB) "
-              f"at {args.verify}: sizes and SHA-256s match the index")
+        val = result.get("val")
+        and_val = (f" and {val['shards']} validation shards ({val['tokens']:,} tokens, {val['bytes'] / 1e6:,.1f} MB)"
+                   if val else "")
+        print(f"verified {result['shards']} shards ({result['tokens']:,} tokens, {result['bytes'] / 1e6:,.1f} MB)"
+              f"{and_val} at {args.verify}: sizes and SHA-256s match the index")
         return
     if not args.input or not args.output:
         raise SpotrayError("prepare needs --input (repeatable) and --output; or --verify URL to check a dataset")
@@ -36,8 +39,18 @@ def _cmd_prepare(args: argparse.Namespace) -> None:
     given = {"chunk_mb": args.chunk_mb, "shard_tokens": args.shard_tokens}
     index = prepare(args.input, args.output, options, RayExecutor(args.parallelism), tokenizer=args.tokenizer,
                     format=args.format, text_field=args.text_field, min_chars=args.min_chars, dedup=args.dedup,
-                    skip_bad_lines=args.skip_bad_lines, **{k: v for k, v in given.items() if v is not None})
+                    skip_bad_lines=args.skip_bad_lines, val_fraction=args.val_fraction,
+                    **{k: v for k, v in given.items() if v is not None})
     print(describe(index, time.monotonic() - started, args.output))
+
+
+def _number_or_text(text: str) -> float | str:
+    """A number, or the text as given: ``PrepareSettings`` then names a bad value in one line, where argparse
+    would print its usage too."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
@@ -86,7 +99,8 @@ def _cmd_export(args: argparse.Namespace) -> None:
     from spotray.export import export
     from spotray.storage import StorageOptions
 
-    result = export(args.run_url, args.out, step=args.step, options=StorageOptions(endpoint_url=args.endpoint_url),
+    result = export(args.run_url, args.out, step=args.step, best=args.best,
+                    options=StorageOptions(endpoint_url=args.endpoint_url),
                     max_shard_bytes=int(args.max_shard_gb * 1024**3))
     extras = "".join(f" + {name}" for name, present in (("config.json", result["config"]),
                                                         ("tokenizer.json", result["tokenizer"])) if present)
@@ -137,6 +151,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parallelism", type=int, default=None, help="tasks at a time (default: the Ray cluster's CPUs)")
     p.add_argument("--chunk-mb", type=float, help="input per task, in MiB (default 16)")
     p.add_argument("--shard-tokens", type=int, help="tokens per shard file (default 1,048,576)")
+    p.add_argument("--val-fraction", metavar="F", type=_number_or_text,
+                   help="also write a validation dataset at OUTPUT/val: the documents whose text hash falls in this "
+                        "fraction (0 < F <= 0.5) of the hash space, none of them in the training split")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_prepare)
 
@@ -161,7 +178,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="a committed checkpoint as a Hugging Face model directory (safetensors)")
     p.add_argument("run_url", metavar="RUN_URL", help="<checkpoint.path>/<run.name>: a local dir, file:// or s3://")
     p.add_argument("--out", required=True, help="an empty directory (local or s3://) for the model")
-    p.add_argument("--step", type=int, default=None, help="a committed step (default: the newest)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="a committed step (default: the newest)")
+    which.add_argument("--best", action="store_true",
+                       help="the committed checkpoint with the lowest validation loss (checkpoint.keep_best)")
     p.add_argument("--max-shard-gb", type=float, default=2.0, help="split the weights into files of at most this")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_export)
@@ -174,19 +194,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
-                                     "goodput"])
+                                     "goodput", "tracking"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps (throughput, goodput), saves (checkpoint), or the checkpoint interval "
-                        "(recovery)")
-    p.add_argument("--workers", type=int, default=2, help="throughput bench: processes on each side")
+                   help="training steps (throughput, goodput, tracking), saves (checkpoint), or the checkpoint "
+                        "interval (recovery)")
+    p.add_argument("--workers", type=int, default=2, help="throughput, tracking benches: processes on each side")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2,
-                   help="throughput, recovery, prepare, goodput benches: runs per side, interleaved")
+                   help="throughput, recovery, prepare, goodput, tracking benches: runs per side, interleaved")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")

@@ -45,10 +45,13 @@ class RunSection:
 @dataclass(frozen=True)
 class DataSection:
     path: str = ""
+    val_path: str | None = None  # a prepared dataset to evaluate on; unset: <path>/val where prepare wrote one
 
     def __post_init__(self):
         _require(bool(self.path), "data.path", "is required",
                  "run `spotray prepare --output URL` and set data.path=URL")
+        _require(self.val_path != "", "data.val_path", "is empty",
+                 "give a prepared dataset's URL, or leave it out for <data.path>/val")
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ class CheckpointSection:
     path: str = "./spotray-runs"
     every_steps: int | str = 50  # or "auto": the Young–Daly interval (training/interval.py)
     keep_last: int = 3
+    keep_best: bool = False  # also keep the committed checkpoint with the lowest val loss (evaluated at each save)
     async_save: bool = False
     save_failure_budget_s: float = 900.0  # how long saves may keep failing (storage outage) before the run stops
 
@@ -184,6 +188,69 @@ class CheckpointSection:
         _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {self.keep_last}")
         _require(self.save_failure_budget_s >= 0, "checkpoint.save_failure_budget_s",
                  f"must be >= 0 seconds, got {self.save_failure_budget_s}", "0 stops the run at the first failed save")
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Validation loss during training: every ``every_steps`` (unset: off, unless checkpoint.keep_best), and at the
+    end, on the same ``samples`` of the validation set each time."""
+
+    every_steps: int | None = None
+    samples: int = 256
+
+    def __post_init__(self):
+        _require(self.every_steps is None or self.every_steps > 0, "eval.every_steps",
+                 f"must be a positive number of steps or unset (off), got {self.every_steps}")
+        _require(self.samples > 0, "eval.samples", f"must be positive, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class MlflowSection:
+    uri: str = ""  # the tracking server, e.g. http://mlflow.example:5000 (or a sqlite:/// URI)
+    experiment: str = "spotray"
+
+    def __post_init__(self):
+        _require(bool(self.uri), "tracking.mlflow.uri", "is required",
+                 "give the tracking server's URL, e.g. http://127.0.0.1:5000")
+        _require(bool(self.experiment), "tracking.mlflow.experiment", "is empty", "name the MLflow experiment")
+
+
+WANDB_MODES = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class WandbSection:
+    project: str = ""
+    entity: str | None = None
+    mode: str = "online"  # offline: records stay in the run's wandb directory, `wandb sync` uploads them later
+
+    def __post_init__(self):
+        _require(bool(self.project), "tracking.wandb.project", "is required", "name the W&B project")
+        _require(self.mode in WANDB_MODES, "tracking.wandb.mode", f"unknown mode '{self.mode}'",
+                 f"use one of {', '.join(WANDB_MODES)}")
+
+
+@dataclass(frozen=True)
+class TensorboardSection:
+    dir: str = ""  # a local directory; for a run on s3:// it is also uploaded to <run>/tensorboard
+
+    def __post_init__(self):
+        _require(bool(self.dir) and "://" not in self.dir, "tracking.tensorboard.dir",
+                 f"must be a local directory, got {self.dir!r}",
+                 "give a local path; a run on s3:// uploads the event files beside its checkpoints")
+
+
+@dataclass(frozen=True)
+class TrackingSection:
+    """Experiment trackers the driver logs the run to; any combination, all off by default."""
+
+    mlflow: MlflowSection | None = None
+    wandb: WandbSection | None = None
+    tensorboard: TensorboardSection | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return any((self.mlflow, self.wandb, self.tensorboard))
 
 
 @dataclass(frozen=True)
@@ -267,6 +334,7 @@ class TrainConfig:
     data: DataSection = field(default_factory=DataSection)
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     parallel: str = "ddp"
     scaling: ScalingSection = field(default_factory=ScalingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
@@ -274,6 +342,7 @@ class TrainConfig:
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)
     env: EnvSection = field(default_factory=EnvSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    tracking: TrackingSection = field(default_factory=TrackingSection)
     audit_dir: str | None = None
 
     def __post_init__(self):
@@ -285,6 +354,11 @@ class TrainConfig:
         _require(batch % workers == 0, "train.global_batch_size",
                  f"{batch} is not divisible by scaling.num_workers={workers}",
                  "pick a global batch that every world size you resume with divides (e.g. 12 for 1, 2, 3, 4 workers)")
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates on held-out data: eval.every_steps is set, or checkpoint.keep_best needs it."""
+        return self.eval.every_steps is not None or self.checkpoint.keep_best
 
     @property
     def per_worker_batch(self) -> int:

@@ -28,12 +28,14 @@ from spotray.loop import run_root
 from spotray.report import plot_losses
 from spotray.storage import Location, resolve
 
+VAL_FRACTION = 0.02
+
 
 def stdlib_corpus(workdir: str) -> str:
-    """Tokenize the Python standard library's own source once; later demos reuse it."""
-    data_url = resolve(workdir).child("data", "stdlib").url
+    """Tokenize the Python standard library's own source once, with a validation split; later demos reuse it."""
+    data_url = resolve(workdir).child("data", "stdlib-val").url
     if not resolve(data_url).child("index.json").exists():
-        prepare(f"{sysconfig.get_paths()['stdlib']}/**/*.py", data_url)
+        prepare(f"{sysconfig.get_paths()['stdlib']}/**/*.py", data_url, val_fraction=VAL_FRACTION)
     return data_url
 
 

@@ -44,3 +44,9 @@ class TrainingFailed(SpotrayError):
     """The run itself failed (a worker error, a lost cluster): exit code 1."""
 
     exit_code = 1
+
+
+class OutOfMemory(SpotrayError):  # noqa: N818 - read as "out of memory", like MemoryError
+    """A rank ran out of host or device memory; says which rank and its memory figures."""
+
+    exit_code = 1

@@ -14,6 +14,7 @@ import torch
 from spotray import weights_file
 from spotray.checkpoint import (
     CommittedCheckpoint,
+    best_checkpoint,
     checkpoints_root,
     list_committed,
     list_set_aside,
@@ -35,10 +36,11 @@ class ExportError(SpotrayError):
 
 
 def export(run_url: str, out: str, step: int | None = None, options: StorageOptions | None = None,
-           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> dict:
-    """Write step ``step`` (default: the newest committed) of the run at ``run_url`` to ``out``; returns a summary."""
+           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, best: bool = False) -> dict:
+    """Write step ``step`` (default: the newest committed; ``best``: the lowest validation loss) of the run at
+    ``run_url`` to ``out``; returns a summary."""
     run_root = resolve(run_url, options)
-    checkpoint = _pick(run_root, step)
+    checkpoint = _pick_best(run_root) if best else _pick(run_root, step)
     record, tokenizer = read_model_record(run_root)
     if record is None:
         raise ExportError(f"{run_url} records no model description (checkpoints/model.json): it was trained by an "
@@ -75,6 +77,15 @@ def _pick(run_root: Location, step: int | None) -> CommittedCheckpoint:
         steps = ", ".join(str(c.step) for c in reversed(committed))
         raise ExportError(f"--step {step} is not a committed checkpoint of {run_root.url}: committed steps are {steps}")
     return match[0]
+
+
+def _pick_best(run_root: Location) -> CommittedCheckpoint:
+    committed = list_committed(checkpoints_root(run_root), warn=False)
+    best = best_checkpoint(committed)
+    if best is None:
+        raise ExportError(f"--best: no committed checkpoint of {run_root.url} has a validation loss: train with "
+                          "checkpoint.keep_best=true (it evaluates at every checkpoint), or export --step N")
+    return best
 
 
 def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int) -> list[list[str]]:

@@ -15,7 +15,8 @@ from spotray import ledger
 from spotray.storage import Location
 
 STATUS_FILE = "status.json"
-CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "wasted", "waiting", "other")
+# eval: validation passes, in the wall time but neither productive nor wasted
+CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "eval", "wasted", "waiting", "other")
 
 
 class AttemptClock:
@@ -25,10 +26,10 @@ class AttemptClock:
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.location, self.writer = ledger.attempt_file(root, attempt_id, STATUS_FILE), writer
         self.status: dict = {
-            "entered_at": entered_at, "startup_s": 0.0, "restore_s": 0.0, "checkpoint_save_s": 0.0,
+            "entered_at": entered_at, "startup_s": 0.0, "restore_s": 0.0, "checkpoint_save_s": 0.0, "eval_s": 0.0,
             "drain_wait_s": 0.0, "first_step_at": None, "last_seen": entered_at, "notice": None, "moved_at": None,
             "error": None, "step": None, "max_steps": max_steps, "log_every": log_every, "loss": None,
-            "tokens_per_s": None, "goodput": None,
+            "tokens_per_s": None, "goodput": None, "val_loss": None, "val_step": None,
             "failed_saves": 0,
         }
 
@@ -156,6 +157,7 @@ def account_of(attempts: list[AttemptRecord], run_started_at: float | None) -> A
         seconds["startup"] += a.status_of("startup_s")
         seconds["restore"] += a.status_of("restore_s")
         seconds["checkpoint_save"] += a.status_of("checkpoint_save_s")
+        seconds["eval"] += a.status_of("eval_s")
         seconds["waiting"] += a.status_of("drain_wait_s")
     for prev, cur in zip(attempts, attempts[1:], strict=False):
         seconds["waiting"] += max(0.0, cur.entered_at - prev.last_seen)

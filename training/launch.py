@@ -16,9 +16,9 @@ import ray.train
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from spotray import goodput, ledger
+from spotray import evaluation, goodput, ledger, memory
 from spotray.capacity import group_fits, resources_text, worker_group_placement
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.console import WORKER_FORMAT
 from spotray.errors import TrainingFailed
@@ -28,6 +28,7 @@ from spotray.ray_local import start_local_ray
 from spotray.runtime_env import worker_runtime_env
 from spotray.storage import Location, resolve
 from spotray.tasks import Task, load_task
+from spotray.tracking import Follower, check_installed, read_gaps
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +76,13 @@ def failure_config(cfg: TrainConfig) -> FailureConfig:
 
 
 def preflight(cfg: TrainConfig) -> Task:
-    """Fail fast on the driver before any worker starts: the task loads and opens its dataset (for the built-in
-    tasks: the dataset index and the model config only)."""
+    """Fail fast on the driver before any worker starts: every configured tracker's library imports, and the task
+    loads and opens its dataset (for the built-in tasks: the dataset index and the model config only)."""
+    check_installed(cfg.tracking)
     task = load_task(cfg)
     task.open_dataset()
+    if cfg.evaluates:
+        evaluation.preflight(cfg, task)
     return task
 
 
@@ -93,9 +97,10 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
+    follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     try:
         with ProgressMonitor(attempts, units_per_step(cfg, task), stream=console,
-                             placement=functools.partial(worker_group_placement, cfg.scaling)):
+                             placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
             while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
                 moves += 1
@@ -114,7 +119,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
             f"again, on a new cluster if need be, to resume from {resume}") from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
-    return summarize(cfg, len(task.open_dataset()), root)
+    summary = summarize(cfg, len(task.open_dataset()), root)
+    follower.finish(summary)
+    return summary
 
 
 def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
@@ -192,10 +199,13 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         "lost_steps_at_most": time_account.pop("lost_steps_at_most"),
         "time": time_account,
         "failed_saves": final.get("failed_saves", 0),
+        "tracking_gaps": read_gaps(root),
         "checkpoint_every_steps": cfg.checkpoint.every_steps,
         "exactly_once": None,
         "checkpoints": [c.url for c in reversed(list_committed(checkpoints_root(root)))],
         "losses": {str(step): loss for step, loss in losses.items()},
+        **_evaluations(attempts, checkpoints_root(root)),
+        "memory": memory.highest([r["memory"] for r in ledger.lineage_intervals(attempts).values() if r.get("memory")]),
     }
     if cfg.audit_dir:
         audit = ledger.verify_exactly_once(resolve(cfg.audit_dir, cfg.storage.options()), num_samples,
@@ -204,6 +214,15 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         summary["audit"] = {"exactly_once": audit.exactly_once, "samples": audit.samples,
                             "duplicates": audit.duplicates, "missing_steps": audit.missing_steps}
     return summary
+
+
+def _evaluations(attempts: Location, checkpoints: Location) -> dict:
+    """The final model's evaluations, the last val loss, and the best checkpoint kept (checkpoint.keep_best)."""
+    evals = ledger.lineage_evals(attempts)
+    best = best_checkpoint(list_committed(checkpoints))
+    return {"evals": {str(step): record["metrics"] for step, record in evals.items()},
+            "val_loss": evals[max(evals)]["metrics"].get("val_loss") if evals else None,
+            "best": {"step": best.step, "val_loss": best.val_loss, "url": best.url} if best else None}
 
 
 def write_summary(summary: dict, path: str) -> None:

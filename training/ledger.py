@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 _ATTEMPT_FILE = "attempt.json"
 _LOSSES_FILE = "losses.jsonl"
+_EVALS_FILE = "evals.jsonl"
+_INTERVALS_FILE = "intervals.jsonl"
 _FINAL_FILE = "final.json"
 _RUN_FILE = "run.json"
 T = TypeVar("T")
@@ -173,20 +176,44 @@ def read_final(root: Location) -> dict | None:
 
 
 class LossLog:
-    """Rank 0's per-step losses and step times of one attempt, rewritten in full at each flush (small, atomic)."""
+    """Rank 0's per-step losses, step times, learning rates and gradient norms of one attempt, rewritten in full at
+    each flush (small, atomic)."""
 
     def __init__(self, root: Location, attempt_id: str, writer: RecordWriter):
         self.location, self.writer = attempt_file(root, attempt_id, _LOSSES_FILE), writer
         self.losses: dict[int, float] = {}
-        self.seconds: dict[int, float] = {}
+        self.lines: dict[int, str] = {}
 
-    def record(self, step: int, loss: float, seconds: float) -> None:
-        self.losses[step], self.seconds[step] = loss, seconds
+    def record(self, step: int, loss: float, seconds: float, lr: float | None = None,
+               grad_norm: float | None = None) -> None:
+        self.losses[step] = loss
+        self.lines[step] = json.dumps({"step": step, "loss": loss, "s": round(seconds, 6), "lr": lr, "gn": grad_norm})
 
     def flush(self) -> None:
-        lines = (json.dumps({"step": s, "loss": v, "s": round(self.seconds[s], 6)}) for s, v in
-                 sorted(self.losses.items()))
-        self.writer.put(self.location, "\n".join(lines) + "\n")
+        self.writer.put(self.location, "".join(f"{self.lines[s]}\n" for s in sorted(self.lines)))
+
+
+class JsonlLog:
+    """One attempt's records keyed by step (evaluations, log intervals), rewritten in full at each flush."""
+
+    def __init__(self, root: Location, attempt_id: str, name: str, writer: RecordWriter):
+        self.location, self.writer = attempt_file(root, attempt_id, name), writer
+        self.records: dict[int, dict] = {}
+
+    def record(self, step: int, **fields) -> None:
+        self.records[step] = {"step": step, **fields}
+        self.writer.put(self.location, "".join(json.dumps(self.records[s], sort_keys=True) + "\n"
+                                              for s in sorted(self.records)))
+
+
+def eval_log(root: Location, attempt_id: str, writer: RecordWriter) -> JsonlLog:
+    """Rank 0's evaluations: ``{"step", "metrics": {name: value}, "s": seconds}`` per evaluated step."""
+    return JsonlLog(root, attempt_id, _EVALS_FILE, writer)
+
+
+def interval_log(root: Location, attempt_id: str, writer: RecordWriter) -> JsonlLog:
+    """Rank 0's log intervals: throughput, MFU, goodput and every rank's memory at the interval's last step."""
+    return JsonlLog(root, attempt_id, _INTERVALS_FILE, writer)
 
 
 class AuditLog:
@@ -208,22 +235,54 @@ class StepRecord:
     attempt_id: str
     loss: float
     seconds: float
+    lr: float | None = None
+    grad_norm: float | None = None
 
 
 def read_steps(root: Location, attempt_id: str) -> dict[int, StepRecord]:
     """step -> what one attempt recorded for it (empty if it recorded nothing)."""
-    location = attempt_file(root, attempt_id, _LOSSES_FILE)
+    return {step: StepRecord(attempt_id, float(r["loss"]), float(r.get("s", 0.0)), r.get("lr"), r.get("gn"))
+            for step, r in _read_jsonl(root, attempt_id, _LOSSES_FILE).items()}
+
+
+def read_evals(root: Location, attempt_id: str) -> dict[int, dict]:
+    """step -> one attempt's evaluation there: ``{"step", "metrics", "s", "attempt_id"}``."""
+    return _read_jsonl(root, attempt_id, _EVALS_FILE)
+
+
+def read_intervals(root: Location, attempt_id: str) -> dict[int, dict]:
+    """step -> one attempt's log interval ending there (``telemetry.RankZeroTelemetry.logged``)."""
+    return _read_jsonl(root, attempt_id, _INTERVALS_FILE)
+
+
+def _read_jsonl(root: Location, attempt_id: str, name: str) -> dict[int, dict]:
+    location = attempt_file(root, attempt_id, name)
     if not location.exists():
         return {}
     records = (json.loads(line) for line in location.read_text().splitlines() if line)
-    return {int(r["step"]): StepRecord(attempt_id, float(r["loss"]), float(r.get("s", 0.0))) for r in records}
+    return {int(r["step"]): {**r, "attempt_id": attempt_id} for r in records}
 
 
 def lineage(root: Location) -> dict[int, StepRecord]:
     """step -> the record of the latest attempt that trained it: the history of the final model."""
-    steps: dict[int, StepRecord] = {}
+    return lineage_of(root, read_steps)
+
+
+def lineage_evals(root: Location) -> dict[int, dict]:
+    """step -> the evaluation of the final model's history at that step."""
+    return lineage_of(root, read_evals)
+
+
+def lineage_intervals(root: Location) -> dict[int, dict]:
+    """step -> the log interval of the final model's history ending at that step."""
+    return lineage_of(root, read_intervals)
+
+
+def lineage_of(root: Location, read: Callable[[Location, str], dict[int, T]]) -> dict[int, T]:
+    """The lineage of one kind of per-step record (``read(root, attempt_id)``)."""
+    steps: dict[int, T] = {}
     for attempt in read_attempts(root):
-        steps = continue_lineage(steps, attempt.from_step, read_steps(root, attempt.attempt_id))
+        steps = continue_lineage(steps, attempt.from_step, read(root, attempt.attempt_id))
     return steps
 
 

@@ -18,10 +18,14 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
-from spotray import ledger
+from spotray import ledger, memory
+from spotray.batches import split, to_device
 from spotray.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
 from spotray.config import TrainConfig
+from spotray.errors import OutOfMemory
+from spotray.evaluation import Evaluator
 from spotray.interval import CheckpointInterval, PreemptionChecks, nominal_every_steps
 from spotray.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.parallel import gradient_sync, parallelize
@@ -126,8 +130,8 @@ class _StepRunner:
         # loss over the whole global batch, whatever the world size: the task's per-step denominator is constant.
         self.scale = env.world_size / (cfg.train.global_batch_size * task.units_per_sample)
 
-    def __call__(self, batch) -> tuple[torch.Tensor, int]:
-        chunks = _split(_to_device(batch, self.env.device), self.micro)
+    def __call__(self, batch) -> StepResult:
+        chunks = split(to_device(batch, self.env.device), self.micro)
         loss_sum, units = torch.zeros((), device=self.env.device), 0
         for i, chunk in enumerate(chunks):
             with gradient_sync(self.model, enabled=i == len(chunks) - 1):
@@ -136,26 +140,29 @@ class _StepRunner:
                 (loss * self.scale).backward()
             loss_sum += loss.detach()
             units += n
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        grad_norm = self._grad_norm()
+        lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return loss_sum, units
+        return StepResult(loss_sum, units, grad_norm, lr)
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The global gradient norm (clipped to ``train.grad_clip`` where set), not synchronised to the host."""
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if self.clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(parameters, self.clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-def _to_device(batch, device: torch.device):
-    if isinstance(batch, dict):
-        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    return batch.to(device, non_blocking=True)
-
-
-def _split(batch, size: int) -> list:
-    """Micro-batches along dim 0 of a tensor, or of every tensor of a dict batch."""
-    if isinstance(batch, dict):
-        columns = {k: v.split(size) for k, v in batch.items()}
-        return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
-    return list(batch.split(size))
+@dataclass(frozen=True)
+class StepResult:
+    loss_sum: torch.Tensor  # this rank's summed loss, on the device
+    units: int
+    grad_norm: torch.Tensor  # the same on every rank
+    lr: float  # what the step used
 
 
 @dataclass
@@ -229,7 +236,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     root = run_root(cfg)
     attempt_id = _shared_attempt_id()
     checkpointer = Checkpointer(root, rank=env.rank, world_size=env.world_size, keep_last=cfg.checkpoint.keep_last,
-                                async_save=cfg.checkpoint.async_save,
+                                keep_best=cfg.checkpoint.keep_best, async_save=cfg.checkpoint.async_save,
                                 failure_budget_s=cfg.checkpoint.save_failure_budget_s,
                                 max_retry_gap=nominal_every_steps(cfg.checkpoint.every_steps), attempt_id=attempt_id)
     candidates = checkpointer.committed()
@@ -251,6 +258,12 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         checkpointer.close()
         records.writer.close(timeout_s=30)
         return {"moved_on_notice": True, "final_step": moved.args[0]}
+    except (torch.OutOfMemoryError, MemoryError):
+        log.exception("rank %d ran out of memory", env.rank)
+        error = OutOfMemory(f"rank {env.rank} ran out of memory ({memory.describe(memory.this_rank(env.device))}): "
+                            "lower train.micro_batch_size or train.seq_len, or use parallel: fsdp")
+        telemetry.failed(error)
+        raise error from None
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         telemetry.failed(exc)
         raise
@@ -323,12 +336,15 @@ class _StepLoop:
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
         self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
-        self.pending_losses: list[tuple[int, torch.Tensor, int, float]] = []
+        self.pending_losses: list[tuple[int, StepResult, float]] = []
         self.timed_steps, self.timed_seconds, self.last_step_s = 0, 0.0, 0.0
         self.interval = CheckpointInterval(cfg.checkpoint.every_steps,
                                            cfg.fault_tolerance.interruptions_per_hour, self.last_step,
                                            parts.progress.step)
         self.preemption_checks = PreemptionChecks(cfg.fault_tolerance.preemption_check_every_steps)
+        self.evaluator = (Evaluator(cfg, parts.task, parts.task.open_val_dataset(), env.rank, env.world_size,
+                                    env.device) if cfg.evaluates else None)
+        self.val_losses: dict[int, float] = {}  # this attempt's evaluations, for the checkpoints' commit markers
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -336,12 +352,28 @@ class _StepLoop:
             step = self._train_step()
             if step % cfg.train.log_every == 0 or step == self.last_step:
                 self._log(step)
-            if self.interval.due(step) or self.checkpointer.retry_due(step):
+            saving = self.interval.due(step) or self.checkpointer.retry_due(step)
+            if self._eval_due(step, saving):
+                self._evaluate(step)
+            if saving:
                 self._checkpoint(step)
             if self.preemption_checks.due(step) and step < self.last_step:
                 self._check_preemption(step)
         self._commit_final()
         return self._finish()
+
+    def _eval_due(self, step: int, saving: bool) -> bool:
+        """At eval.every_steps, at the run's last step, and with checkpoint.keep_best at every checkpoint."""
+        every = self.cfg.eval.every_steps
+        return self.evaluator is not None and (every is not None and step % every == 0
+                                               or step == self.cfg.train.max_steps
+                                               or saving and self.cfg.checkpoint.keep_best)
+
+    def _evaluate(self, step: int) -> None:
+        started = time.perf_counter()
+        metrics = self.evaluator(self.parts.model)
+        self.val_losses[step] = metrics.get("val_loss")
+        self.telemetry.evaluated(step, metrics, time.perf_counter() - started)
 
     def _train_step(self) -> int:
         parts, env = self.parts, self.env
@@ -349,11 +381,11 @@ class _StepLoop:
         ids = parts.sampler.next_batch(env.rank, env.world_size)
         upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
         batch = self.prefetch.get(ids, upcoming if parts.progress.step + 1 < self.last_step else None)
-        loss, units = parts.step(batch)
+        result = parts.step(batch)
         seconds = self.last_step_s = time.perf_counter() - started
         parts.progress.step += 1
         step = parts.progress.step
-        self.pending_losses.append((step, loss, units, seconds))
+        self.pending_losses.append((step, result, seconds))
         self.telemetry.step_done(seconds)
         if self.records.audit:
             self.records.audit.record(ids)
@@ -376,12 +408,13 @@ class _StepLoop:
     def _log(self, step: int) -> None:
         self._flush_logs()  # also the record of how far this attempt got, should it die before its next save
         self.telemetry.logged(step, self.records.losses.losses[step], self.parts.scheduler.get_last_lr()[0],
-                              self.checkpointer.failed_saves, self.checkpointer.last_committed)
+                              self.checkpointer.failed_saves, self.checkpointer.last_committed,
+                              memory.all_ranks(self.env.device))
 
     def _checkpoint(self, step: int) -> None:
         self._flush_logs(durable=True)
         started = time.perf_counter()
-        committed = self.checkpointer.save(step, self.parts.state)
+        committed = self.checkpointer.save(step, self.parts.state, val_loss=self.val_losses.get(step))
         blocked = time.perf_counter() - started
         self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
         measured = (blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
@@ -406,7 +439,8 @@ class _StepLoop:
     def _commit_final(self) -> None:
         self._flush_logs(durable=True)
         started = time.perf_counter()
-        committed = self.checkpointer.commit_final(self.parts.progress.step, self.parts.state)
+        step = self.parts.progress.step
+        committed = self.checkpointer.commit_final(step, self.parts.state, self.val_losses.get(step))
         self.telemetry.checkpoint(time.perf_counter() - started, self.checkpointer.last_save_s)
         self.checkpointer.close()
         self.env.report({"step": committed.step})
@@ -498,18 +532,18 @@ def _slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float
     return tensor.tolist()
 
 
-def _reduce_losses(pending: list[tuple[int, torch.Tensor, int, float]], per_step: int,
-                   losses: ledger.LossLog) -> None:
+def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, losses: ledger.LossLog) -> None:
     """One all-reduce for a window of steps: per-step mean loss over the global batch, and the task's unit count,
     which must be the constant denominator the gradients were scaled by."""
     if not pending:
         return
-    sums = torch.stack([loss.double() for _, loss, _, _ in pending])
-    counts = torch.tensor([units for _, _, units, _ in pending], dtype=torch.float64, device=sums.device)
+    sums = torch.stack([result.loss_sum.double() for _, result, _ in pending])
+    counts = torch.tensor([result.units for _, result, _ in pending], dtype=torch.float64, device=sums.device)
+    norms = torch.stack([result.grad_norm.double() for _, result, _ in pending]).tolist()
     totals = torch.stack([sums, counts])
     if dist.is_initialized():
         dist.all_reduce(totals)
-    for (step, _, _, seconds), total, units in zip(pending, *totals.tolist(), strict=True):
+    for (step, result, seconds), total, units, norm in zip(pending, *totals.tolist(), norms, strict=True):
         if units != per_step:
             raise TaskError(f"the task's loss counted {units:.0f} units at step {step}, not the {per_step} of "
                             "train.global_batch_size x units_per_sample: the loss denominator must be constant "
@@ -517,7 +551,7 @@ def _reduce_losses(pending: list[tuple[int, torch.Tensor, int, float]], per_step
         value = total / per_step
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
-        losses.record(step, value, seconds)
+        losses.record(step, value, seconds, result.lr, norm)
 
 
 def _shared_attempt_id() -> str:

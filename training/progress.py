@@ -29,6 +29,8 @@ def progress_line(status: dict, tokens_per_step: int) -> str:
     parts = [f"step {step}/{total}"]
     if status.get("loss") is not None:
         parts.append(f"loss {status['loss']:.4f}")
+    if status.get("val_loss") is not None:
+        parts.append(f"val {status['val_loss']:.4f}")
     tokens_per_s = status.get("tokens_per_s")
     if tokens_per_s:
         parts.append(f"{tokens_per_s:,.0f} tok/s")
@@ -59,6 +61,7 @@ class ProgressMonitor:
         self._known: dict[str, ledger.AttemptInfo] = {}
         self._skip = {a.attempt_id for a in self._attempts()}  # earlier runs of this name were reported then
         self._last_line, self._last_print = "", 0.0
+        self._val_loss: float | None = None  # the last evaluation's, until the attempt now training evaluates
 
     def __enter__(self) -> ProgressMonitor:
         self._thread.start()
@@ -150,7 +153,9 @@ class ProgressMonitor:
     def _progress(self, status: dict) -> None:
         if status.get("step") is None:
             return  # this attempt has not logged a step yet
-        line = progress_line(status, self.tokens_per_step)
+        if status.get("val_loss") is not None:
+            self._val_loss = status["val_loss"]
+        line = progress_line({**status, "val_loss": self._val_loss}, self.tokens_per_step)
         now = time.monotonic()
         if line == self._last_line or (not self.tty and now - self._last_print < 10):
             return

@@ -1,4 +1,5 @@
-"""Human-readable views of a finished run: the interruption table and the loss curve with events marked."""
+"""Human-readable views of a finished run: the interruption table and the loss curve (with the validation loss, where
+the run evaluated) with events marked."""
 
 from __future__ import annotations
 
@@ -15,8 +16,31 @@ def format_table(summary: dict) -> str:
     every = summary["checkpoint_every_steps"]
     interval = "auto (Young–Daly)" if every == AUTO else f"every {every} steps"
     lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
-                 f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | checkpoint {interval}")
+                 f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | checkpoint {interval}"
+                 f"{_val_loss_cell(summary)}")
     return "\n".join(lines)
+
+
+def _val_losses(summary: dict) -> dict[int, float]:
+    """step -> val loss of the run's evaluations (``summary["evals"]``, absent in a summary of an older spotray)."""
+    evals = summary.get("evals") or {}
+    losses = {int(step): metrics.get("val_loss") for step, metrics in evals.items()}
+    return {step: float(value) for step, value in sorted(losses.items()) if value is not None}
+
+
+def _val_loss_cell(summary: dict) -> str:
+    """`` | val loss X at step S (best S2: Y)``: the last evaluation, and the best checkpoint kept (or, where no
+    checkpoint has a val loss, the lowest evaluation); empty where the run never evaluated."""
+    losses = _val_losses(summary)
+    if not losses:
+        return ""
+    last = max(losses)
+    best = summary.get("best")
+    if best is None:
+        step = min(losses, key=lambda s: (losses[s], s))
+        best = {"step": step, "val_loss": losses[step]}
+    return (f" | val loss {losses[last]:.4f} at step {last} "
+            f"(best {best['step']}: {best['val_loss']:.4f})")
 
 
 def format_summary(summary: dict) -> str:
@@ -42,7 +66,8 @@ def _event_table(events: list[dict]) -> list[str]:
 
 
 def plot_losses(summary: dict, path: str) -> str:
-    """The final model's loss history, with a vertical line per interruption. Returns the path."""
+    """The final model's loss history, its validation loss where it evaluated, and a vertical line per
+    interruption. Returns the path."""
     import logging
 
     import matplotlib
@@ -53,7 +78,11 @@ def plot_losses(summary: dict, path: str) -> str:
 
     steps = sorted(int(s) for s in summary["losses"])
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    ax.plot(steps, [summary["losses"][str(s)] for s in steps], color="#1f77b4", linewidth=1.2, label="loss")
+    ax.plot(steps, [summary["losses"][str(s)] for s in steps], color="#1f77b4", linewidth=1.2, label="training loss")
+    val_losses = _val_losses(summary)
+    if val_losses:
+        ax.plot(list(val_losses), list(val_losses.values()), color="#9467bd", linewidth=1.2, marker="o",
+                markersize=3.5, label="val loss")
     colors = {"notice": "#2ca02c", "kill": "#d62728", "error": "#ff7f0e"}
     for event in summary["events"]:
         ax.axvline(event["step"], color=colors.get(event["kind"], "gray"), linestyle="--", linewidth=1)
@@ -62,7 +91,9 @@ def plot_losses(summary: dict, path: str) -> str:
         ax.annotate(f"{event['kind']} @ {event['step']}\n{event['lost_steps']} lost", (event["step"], 1.0),
                     xycoords=("data", "axes fraction"), xytext=(4, -28), textcoords="offset points", fontsize=8)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("loss" if val_losses else "training loss")
+    if val_losses:
+        ax.legend(loc="upper right", fontsize=8)
     ax.set_title(f"{summary['run_name']}: goodput {100 * summary['goodput']:.0f}%, "
                  f"{len(summary['events'])} interruptions")
     ax.grid(alpha=0.3)

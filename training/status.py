@@ -1,15 +1,22 @@
 """``spotray status``: where a run stands, read from its storage alone, from any machine that can reach it.
 
 Read-only and light, so that it can be run against a run while it trains, as often as one likes: it reads the
-ledger's small records and the checkpoints' commit markers, never a checkpoint's data; it writes and locks nothing.
+ledger's small records (losses, evaluations, the newest attempt's log intervals) and the checkpoints' commit markers,
+never a checkpoint's data; it writes and locks nothing.
 """
 
 from __future__ import annotations
 
 import time
 
-from spotray import goodput, ledger
-from spotray.checkpoint import CommittedCheckpoint, checkpoints_root, list_committed, list_set_aside
+from spotray import goodput, ledger, memory
+from spotray.checkpoint import (
+    CommittedCheckpoint,
+    best_checkpoint,
+    checkpoints_root,
+    list_committed,
+    list_set_aside,
+)
 from spotray.errors import StorageError
 from spotray.storage import Location, StorageOptions, resolve
 
@@ -21,6 +28,7 @@ READ_TRIES = 3
 RETRY_PAUSE_S = 0.5
 RUN_URL_HINT = "give a run's URL, <checkpoint.path>/<run.name> (a local dir, file:///abs/path or s3://bucket/prefix)"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+SHOWN_EVALS = 5  # the text shows the last few evaluations (the JSON has them all)
 
 
 def gather(run_url: str, options: StorageOptions | None = None) -> dict:
@@ -56,10 +64,17 @@ def _snapshot(root: Location, now: float) -> dict:
     records = goodput.attempt_records(attempts_root)
     account = goodput.account_of(records, ledger.run_started_at(attempts_root))
     time_split = account.to_dict()
+    committed = list_committed(checkpoints_root(root), warn=False)
+    evals = _lineage_evals(attempts_root, records)
     return {
         "run": root.url,
         **_latest(attempts_root, records, account, now),
-        "checkpoints": [_checkpoint(c, now) for c in list_committed(checkpoints_root(root), warn=False)],
+        "val_loss": next((e["val_loss"] for e in reversed(evals) if e["val_loss"] is not None), None),
+        "evals": [{"step": e["step"], "metrics": e["metrics"]} for e in evals],
+        "best": _best(committed),
+        "best_eval": _best_eval(evals),
+        "memory": _memory(attempts_root, records),
+        "checkpoints": [_checkpoint(c, now) for c in committed],
         "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
         "interruptions": time_split["events"],
@@ -101,9 +116,48 @@ def _live_window_s(latest: goodput.AttemptRecord) -> float:
     return max(LIVE_WITHIN_S, LIVE_WITHIN_STEPS * seconds_per_step)
 
 
+def _lineage_evals(attempts_root: Location, records: list[goodput.AttemptRecord]) -> list[dict]:
+    """The final model's evaluations, oldest first, as ``ledger.lineage_evals`` without listing the attempts again:
+    each ``{"step", "metrics", "val_loss"}`` (None where an evaluation has no val loss)."""
+    evals: dict[int, dict] = {}
+    for record in records:
+        evals = ledger.continue_lineage(evals, record.info.from_step,
+                                        ledger.read_evals(attempts_root, record.info.attempt_id))
+    return [{"step": step, "metrics": dict(e.get("metrics") or {}), "val_loss": _val_loss(e.get("metrics"))}
+            for step, e in evals.items()]
+
+
+def _val_loss(metrics: dict | None) -> float | None:
+    value = (metrics or {}).get("val_loss")
+    return None if value is None else float(value)
+
+
+def _best(committed: list[CommittedCheckpoint]) -> dict | None:
+    """The committed checkpoint with the lowest val loss (the one ``checkpoint.keep_best`` keeps)."""
+    best = best_checkpoint(committed)
+    return None if best is None else {"step": best.step, "val_loss": best.val_loss, "url": best.url}
+
+
+def _best_eval(evals: list[dict]) -> dict | None:
+    """The lowest val loss evaluated in the final model's history (the older step of a tie), checkpointed or not."""
+    evaluated = [e for e in evals if e["val_loss"] is not None]
+    if not evaluated:
+        return None
+    best = min(evaluated, key=lambda e: (e["val_loss"], e["step"]))
+    return {"step": best["step"], "val_loss": best["val_loss"]}
+
+
+def _memory(attempts_root: Location, records: list[goodput.AttemptRecord]) -> dict | None:
+    """Each kind's largest figure and its rank (``memory.highest``, as the run summary has it over the whole run)
+    at the newest attempt's last log interval; None before that attempt logged one."""
+    intervals = ledger.read_intervals(attempts_root, records[-1].info.attempt_id) if records else {}
+    last = intervals[max(intervals)].get("memory") if intervals else None
+    return memory.highest([last]) if last else None
+
+
 def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
     return {"step": checkpoint.step, "bytes": checkpoint.nbytes, "age_s": round(now - checkpoint.committed_at, 1),
-            "world_size": checkpoint.world_size, "url": checkpoint.url}
+            "world_size": checkpoint.world_size, "url": checkpoint.url, "val_loss": checkpoint.val_loss}
 
 
 def _set_aside(record: dict) -> dict:
@@ -122,6 +176,8 @@ def format_text(status: dict) -> str:
         f"run          {status['run']}",
         f"state        {_state_text(status)}",
         f"progress     {_progress_text(status)}",
+        f"val loss     {_val_loss_text(status)}",
+        f"memory       {_memory_text(status['memory'])}",
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
         *(f"set aside    step {r['step']} in {r['url']} (unreadable: {r['reason']}; the run went on from step "
           f"{r['resumed_from']})" for r in status["set_aside"]),
@@ -150,6 +206,41 @@ def _progress_text(status: dict) -> str:
     if status["tokens_per_s"]:
         parts.append(f"{status['tokens_per_s']:,.0f} tok/s")
     return ", ".join(parts)
+
+
+def _val_loss_text(status: dict) -> str:
+    evaluated = [(e["step"], _val_loss(e["metrics"])) for e in status["evals"]]
+    evaluated = [(step, value) for step, value in evaluated if value is not None]
+    if not evaluated:
+        return "none evaluated (evaluation is off, or none has run yet)"
+    shown = evaluated[-SHOWN_EVALS:]
+    text = ", ".join(f"step {step} {value:.4f}" for step, value in shown)
+    if len(evaluated) > len(shown):
+        text = f"{text} (the last {len(shown)} of {len(evaluated)})"
+    kept = {c["step"] for c in status["checkpoints"]}
+    best, lowest = status["best"], status["best_eval"]
+    parts = [text]
+    if best is not None:
+        parts.append(f"best step {best['step']} {best['val_loss']:.4f} (checkpoint kept)")
+    if lowest is not None and (best is None or lowest["step"] != best["step"]):
+        label = "best" if best is None else "lowest evaluated"
+        where = "checkpoint kept" if lowest["step"] in kept else "no checkpoint kept"
+        parts.append(f"{label} step {lowest['step']} {lowest['val_loss']:.4f} ({where})")
+    return "; ".join(parts)
+
+
+def _memory_text(figures: dict | None) -> str:
+    if figures is None:
+        return "not recorded yet (no log interval of the newest attempt)"
+
+    def part(label: str, kind: str) -> str | None:
+        top = figures.get(kind)
+        return None if top is None else f"{label} {_size(top['max'])} (rank {top['rank']})"
+
+    host = [p for p in (part("host RSS", "rss_bytes"), part("peak", "peak_rss_bytes")) if p]
+    cuda = [p for p in (part("CUDA allocated peak", "cuda_allocated_peak_bytes"),
+                        part("reserved peak", "cuda_reserved_peak_bytes")) if p]
+    return "; ".join(", ".join(group) for group in (host, cuda) if group) or "none measured"
 
 
 def _checkpoints_text(checkpoints: list[dict]) -> str:

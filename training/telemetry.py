@@ -44,9 +44,12 @@ GAUGES = {
     "checkpoint_step": "step of the newest committed checkpoint",
     "last_checkpoint_timestamp_seconds": "UNIX time the newest checkpoint committed, or the run started if none has",
     "recovery_seconds": "last interruption until the first step after it",
+    "val_loss": "validation loss (mean token cross-entropy on the held-out samples) at the last evaluation",
 }
 # The run's wall time since it started, by goodput.CATEGORIES (the badput breakdown), under the tag ``category``.
 TIME_GAUGE = "time_seconds"
+# Each rank's memory at the last logged step, by memory.KINDS without "_bytes", under the tags ``rank`` and ``kind``.
+MEMORY_GAUGE = "memory_bytes"
 
 
 _TRANSPORT_ERRORS = ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer", "Broken pipe")
@@ -83,7 +86,7 @@ class Gauges:
         import ray
 
         self.tags = {"run": run_name}
-        self.gauges, self.time = {}, None
+        self.gauges, self.time, self.memory = {}, None, None
         self.latest: dict[str, float] = {}
         if ray.is_initialized():
             from ray.util.metrics import Gauge
@@ -91,6 +94,8 @@ class Gauges:
             self.gauges = {name: Gauge(f"spotray_{name}", text, tag_keys=("run",)) for name, text in GAUGES.items()}
             self.time = Gauge(f"spotray_{TIME_GAUGE}", "the run's wall time since it started, by category",
                               tag_keys=("run", "category"))
+            self.memory = Gauge(f"spotray_{MEMORY_GAUGE}", "each rank's memory at the last logged step: host RSS "
+                                "now and at peak, CUDA allocated and reserved peaks", tag_keys=("run", "rank", "kind"))
 
     def set(self, **values: float | None) -> None:
         """Records the given values and exports every gauge's latest one again: Ray's exporter drops a gauge
@@ -104,6 +109,12 @@ class Gauges:
         if self.time:
             for category, value in seconds.items():
                 self.time.set(value, tags={**self.tags, "category": category})
+
+    def set_memory(self, figures: dict[str, list[int] | None]) -> None:
+        if self.memory:
+            for kind, per_rank in figures.items():
+                for rank, value in enumerate(per_rank or ()):
+                    self.memory.set(value, tags={**self.tags, "rank": str(rank), "kind": kind.removesuffix("_bytes")})
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,11 @@ class Telemetry:
         """A step took ``seconds``."""
 
     def logged(self, step: int, loss: float, lr: float, failed_saves: int,
-               last_checkpoint: CommittedCheckpoint | None) -> None:
-        """A log interval ended at ``step``."""
+               last_checkpoint: CommittedCheckpoint | None, memory: dict[str, list[int] | None]) -> None:
+        """A log interval ended at ``step``; ``memory``: every rank's figures (``memory.all_ranks``)."""
+
+    def evaluated(self, step: int, metrics: dict[str, float], seconds: float) -> None:
+        """An evaluation at ``step`` gave ``metrics`` in ``seconds``."""
 
     def checkpoint(self, blocking_s: float, save_s: float | None) -> None:
         """Training waited ``blocking_s`` for a save that took ``save_s`` end to end."""
@@ -152,6 +166,8 @@ class RankZeroTelemetry(Telemetry):
                  tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer, log_every)
+        self.evals = ledger.eval_log(attempts_root, attempt.attempt_id, writer)
+        self.intervals = ledger.interval_log(attempts_root, attempt.attempt_id, writer)
         self.gauges = Gauges(run_name)
         self.max_steps, self.tokens_per_step = max_steps, tokens_per_step
         # MFU counts every worker's device
@@ -193,14 +209,17 @@ class RankZeroTelemetry(Telemetry):
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
 
     def logged(self, step: int, loss: float, lr: float, failed_saves: int,
-               last_checkpoint: CommittedCheckpoint | None) -> None:
-        """One log line, the gauges and the attempt's status in storage."""
+               last_checkpoint: CommittedCheckpoint | None, memory: dict[str, list[int] | None]) -> None:
+        """One log line, the gauges, the interval's record and the attempt's status in storage."""
         tokens_per_s = self.window_steps * self.tokens_per_step / self.window_s if self.window_s else None
         mfu = tokens_per_s * self.flops_per_token / self.peak_total if tokens_per_s and self.peak_total else None
+        step_s = self.window_s / self.window_steps if self.window_steps else None
         past = self.past()
         live = past.live(self.productive_s)
+        self.intervals.record(step, tokens_per_s=tokens_per_s, mfu=mfu, goodput=live, step_s=step_s, memory=memory)
+        self.gauges.set_memory(memory)
         self.gauges.set(step=step, loss=loss, tokens_per_second=tokens_per_s, mfu=mfu, goodput=live,
-                        step_seconds=self.window_s / self.window_steps if self.window_steps else None,
+                        step_seconds=step_s,
                         checkpoint_failed_saves=failed_saves, last_step_timestamp_seconds=time.time(),
                         checkpoint_step=last_checkpoint.step if last_checkpoint else None,
                         last_checkpoint_timestamp_seconds=(last_checkpoint.committed_at if last_checkpoint
@@ -212,6 +231,15 @@ class RankZeroTelemetry(Telemetry):
         log.info("step %d/%d loss %.4f lr %.2e %s goodput %.0f%%%s", step, self.max_steps, loss, lr,
                  f"{tokens_per_s:,.0f} tok/s" if tokens_per_s else "", 100 * live,
                  f" mfu {100 * mfu:.1f}%" if mfu else "")
+
+    def evaluated(self, step: int, metrics: dict[str, float], seconds: float) -> None:
+        self.evals.record(step, metrics=metrics, s=round(seconds, 6))
+        self.clock.add("eval", seconds)
+        self.clock.update(val_loss=metrics.get("val_loss"), val_step=step)
+        self.gauges.set(val_loss=metrics.get("val_loss"))
+        self.clock.flush()
+        log.info("step %d/%d eval %s (%.2fs)", step, self.max_steps,
+                 " ".join(f"{name} {value:.4f}" for name, value in metrics.items()), seconds)
 
     def checkpoint(self, blocking_s: float, save_s: float | None) -> None:
         self.clock.add("checkpoint_save", blocking_s)
@@ -244,7 +272,7 @@ class RankZeroTelemetry(Telemetry):
         status, past = self.clock.status, self.past()
         seconds = dict(past.before)
         seconds["productive"] += self.productive_s
-        for category in ("startup", "restore", "checkpoint_save"):
+        for category in ("startup", "restore", "checkpoint_save", "eval"):
             seconds[category] += status[f"{category}_s"]
         seconds["waiting"] += status["drain_wait_s"]
         accounted = sum(v for k, v in seconds.items() if k != "other")

@@ -5,6 +5,7 @@ import re
 
 import ray
 
+from spotray.goodput import CATEGORIES
 from spotray.infra.kernel.config import MonitoringConfig
 from spotray.monitoring.dashboards import (
     CONFIG_MAP_LIMIT,
@@ -16,7 +17,7 @@ from spotray.monitoring.dashboards import (
     training_dashboard,
 )
 from spotray.monitoring.values import kube_prometheus_stack_values
-from spotray.telemetry import GAUGES, TIME_GAUGE
+from spotray.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE
 from tests.monitoring.prom import as_promql, promtool, rules_file
 
 PRICES = {"spot": 1.21, "on-demand": 4.1}
@@ -58,7 +59,7 @@ def test_the_training_dashboard_shows_every_measure_of_a_spot_run():
     joined = " | ".join(titles(model)).lower()
     for wanted in ("goodput", "badput", "tokens per second", "mfu", "loss", "step time", "checkpoint time",
                    "age of the newest committed checkpoint", "interruptions", "lost steps", "recovery time",
-                   "gpu utilisation", "gpu memory", "cost rate"):
+                   "gpu utilisation", "gpu memory", "cost rate", "validation loss", "worker memory"):
         assert wanted in joined, wanted
     save_panel = next(p for p in model["panels"] if p.get("title") == "Checkpoint time")
     assert [t["legendFormat"].split()[0] for t in save_panel["targets"]] == ["save", "blocked", "restore"]
@@ -70,8 +71,36 @@ def test_the_training_dashboard_shows_every_measure_of_a_spot_run():
 def test_the_training_dashboard_reads_only_gauges_the_training_loop_exports():
     used = {m for _, expr in panel_queries(training_dashboard(PRICES).model)
             for m in re.findall(r"ray_spotray_(\w+)", expr)}
-    assert used <= {*GAUGES, TIME_GAUGE}
-    assert {*GAUGES, TIME_GAUGE} - used == set(), "every gauge has a panel"
+    assert used <= {*GAUGES, TIME_GAUGE, MEMORY_GAUGE}
+    assert {*GAUGES, TIME_GAUGE, MEMORY_GAUGE} - used == set(), "every gauge has a panel"
+
+
+def panel(model: dict, title: str) -> dict:
+    return next(p for p in model["panels"] if p.get("title") == title)
+
+
+def test_the_validation_loss_is_drawn_over_the_training_loss_per_run():
+    targets = panel(training_dashboard(PRICES).model, "Validation loss")["targets"]
+    assert [(t["legendFormat"], t["expr"]) for t in targets] == [
+        ("val {{run}}", 'max by (run) (ray_spotray_val_loss{run=~"$run"})'),
+        ("train {{run}}", 'max by (run) (ray_spotray_loss{run=~"$run"})')]
+
+
+def test_worker_memory_is_in_bytes_by_rank_and_kind():
+    memory = panel(training_dashboard(PRICES).model, "Worker memory")
+    assert memory["fieldConfig"]["defaults"]["unit"] == "bytes"
+    [target] = memory["targets"]
+    assert target["expr"] == f'max by (run, rank, kind) (ray_spotray_{MEMORY_GAUGE}{{run=~"$run"}})'
+    assert {"{{rank}}", "{{kind}}"} <= set(re.findall(r"\{\{\w+\}\}", target["legendFormat"]))
+
+
+def test_the_badput_breakdown_shows_every_category_but_productive_eval_included():
+    assert "eval" in CATEGORIES
+    [expr] = [e for title, e in panel_queries(training_dashboard(PRICES).model) if title.startswith("Badput")]
+    numerator = expr.split(" / ")[0]
+    # a series per category the time gauge has: the only matcher on category leaves out productive time alone
+    assert "by (run, category)" in numerator
+    assert re.findall(r'category\s*(=~|!~|!=|=)\s*"([^"]*)"', expr) == [("!=", "productive")]
 
 
 def test_the_cluster_dashboard_shows_capacity_types_pending_pods_and_minio_health():

@@ -97,7 +97,9 @@ class Prometheus:
 
 
 def train_config(workdir: Path, dataset_url: str) -> Path:
-    config = {"data": {"path": dataset_url}, "checkpoint": {"path": str(workdir / "ckpt"), "every_steps": 25},
+    # evaluates on its own training data (data.val_path): the validation loss panel needs a run that evaluates
+    config = {"data": {"path": dataset_url, "val_path": dataset_url}, "eval": {"every_steps": 50, "samples": 24},
+              "checkpoint": {"path": str(workdir / "ckpt"), "every_steps": 25},
               "run": {"name": "e2e"}, "model": {"preset": "tiny"}, "scaling": {"num_workers": 2},
               "train": {"seq_len": 32, "global_batch_size": 12, "max_steps": 200, "warmup_steps": 5, "log_every": 5}}
     path = workdir / "train.yaml"

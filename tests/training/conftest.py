@@ -20,3 +20,15 @@ def ray_cluster(s3_server):
     start_local_ray(4, log_to_driver=False, _metrics_export_port=metrics_port)
     yield metrics_port
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def split_dataset_url(tmp_path_factory) -> str:
+    """The shared test corpus prepared with a validation split at ``<url>/val`` (a fifth of the documents)."""
+    from spotray.data.prepare import prepare
+    from tests.corpus import write_corpus
+
+    root = tmp_path_factory.mktemp("split-dataset")
+    url = str(root / "tokens")
+    prepare(write_corpus(root / "corpus"), url, shard_tokens=16_384, val_fraction=0.2)
+    return url

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 from spotray import launch
 from spotray.config import TrainConfig
 from spotray.drills.process_group import train_on_process_group
@@ -12,3 +16,9 @@ def train_locally(cfg: TrainConfig) -> dict:
     """``scaling.num_workers`` CPU processes without Ray; the run's summary (per-step losses, audit)."""
     train_on_process_group(cfg.to_dict(), cfg.scaling.num_workers)
     return launch.summarize(cfg, len(launch.preflight(cfg).open_dataset()), run_root(cfg))
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The shell of someone who installed spotray: its scripts on PATH, and a local Ray rather than any cluster."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", **extra}

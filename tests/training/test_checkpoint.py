@@ -10,7 +10,14 @@ import shutil
 import pytest
 import torch
 
-from spotray.checkpoint import COMMIT_MARKER, Checkpointer, RestorePrefetch, list_committed, list_set_aside
+from spotray.checkpoint import (
+    COMMIT_MARKER,
+    Checkpointer,
+    RestorePrefetch,
+    best_checkpoint,
+    list_committed,
+    list_set_aside,
+)
 from spotray.drills.outage import OutageProxy
 from spotray.drills.s3local import create_bucket
 from spotray.errors import CheckpointError
@@ -229,3 +236,22 @@ def test_a_checkpoint_that_storage_cannot_serve_now_is_neither_skipped_nor_set_a
         ckpt.restore_latest({"box": Box(-1.0)}, candidates=candidates)
     outage.restore()
     assert list_set_aside(root) == [] and restore(root) == (20, 20.0)
+
+
+def test_keep_best_keeps_the_lowest_val_loss_beyond_keep_last_and_an_emergency_save_is_never_best(run_root):
+    ckpt = Checkpointer(run_root, keep_last=1, keep_best=True, rank=0, world_size=1)
+    for step, val_loss in ((10, 3.0), (20, 2.0), (30, 2.5)):
+        ckpt.save(step, {"box": Box(float(step))}, val_loss=val_loss)
+    ckpt.ensure_saved(35, {"box": Box(35.0)})  # a notice's emergency checkpoint: not evaluated
+    ckpt.close()
+    kept = list_committed(run_root.child("checkpoints"))
+    assert [(c.step, c.val_loss) for c in kept] == [(35, None), (20, 2.0)]
+    assert best_checkpoint(kept).step == 20
+
+
+def test_without_keep_best_retention_is_keep_last_alone(run_root):
+    ckpt = Checkpointer(run_root, keep_last=1, rank=0, world_size=1)
+    for step, val_loss in ((10, 1.0), (20, 2.0)):
+        ckpt.save(step, {"box": Box(float(step))}, val_loss=val_loss)
+    ckpt.close()
+    assert [c.step for c in list_committed(run_root.child("checkpoints"))] == [20]

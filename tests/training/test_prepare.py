@@ -12,11 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spotray.cli import main
 from spotray.data import sources
 from spotray.data.executors import InlineExecutor, RayExecutor
+from spotray.data.index import read_index, val_split_url
 from spotray.data.prepare import prepare, verify
 from spotray.errors import DataError, StorageError
-from spotray.storage import resolve
+from spotray.storage import Location, resolve
 
 EOT = 256
 
@@ -50,6 +52,33 @@ def token_stream(url, options=None) -> list[int]:
 
 def byte_stream(docs) -> list[int]:
     return [t for d in docs for t in [*d.encode("utf-8"), EOT]]
+
+
+def stream_documents(url, options=None) -> list[str]:
+    """The documents of a dataset prepared with the byte tokenizer, in order."""
+    docs, current = [], bytearray()
+    for token in token_stream(url, options):
+        if token == EOT:
+            docs.append(current.decode("utf-8"))
+            current = bytearray()
+        else:
+            current.append(token)
+    return docs
+
+
+def deduplicated(docs) -> list[str]:
+    unique, seen = [], set()
+    for doc in docs:
+        if " ".join(doc.split()) not in seen:
+            seen.add(" ".join(doc.split()))
+            unique.append(doc)
+    return unique
+
+
+def in_val(doc: str, fraction: float) -> bool:
+    """The rule: the first 8 bytes of the hash of the whitespace-normalised text, little-endian, below F * 2**64."""
+    digest = hashlib.blake2b(" ".join(doc.split()).encode("utf-8"), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little") < fraction * 2**64
 
 
 def dataset_digests(url, options=None) -> dict[str, str]:
@@ -273,3 +302,150 @@ def test_a_truncated_gzip_file_is_named(tmp_path):
     with pytest.raises(DataError, match=re.escape(f"cannot read {tmp_path / 'in.jsonl.gz'} (")):
         prepare(str(tmp_path / "in.jsonl.gz"), str(tmp_path / "out"))
     assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_val_split_holds_exactly_the_documents_whose_hash_is_below_the_fraction_whatever_the_chunking(tmp_path):
+    docs = documents(200)
+    repeats = [d for d in docs if in_val(d, 0.25)][:3] + [d for d in docs if not in_val(d, 0.25)][:3]
+    corpus = docs + [" " + d.replace(" ", "  ") for d in repeats] + documents(20, seed=1)
+    write_jsonl(tmp_path / "in.jsonl", corpus)
+    unique = deduplicated(corpus)
+    want_val = [d for d in unique if in_val(d, 0.25)]
+
+    for chunk_mb in (64, 2e-3):
+        out = tmp_path / f"out-{chunk_mb}"
+        index = prepare(str(tmp_path / "in.jsonl"), str(out), chunk_mb=chunk_mb, shard_tokens=700, val_fraction=0.25)
+        train, val = stream_documents(str(out)), stream_documents(str(out / "val"))
+        assert val == want_val, "dedup first, then the hash rule; in input order"
+        assert train == [d for d in unique if d not in want_val]
+        assert not set(train) & set(val)
+        assert index["removed"]["duplicates"] == len(corpus) - len(unique) == len(repeats)
+        assert index["val"] == {"fraction": 0.25, "path": "val", "documents": len(val),
+                                "tokens": len(byte_stream(val))}
+        assert index["num_documents"] == len(train) and index["source"]["val_fraction"] == 0.25
+        val_index = read_index(resolve(str(out / "val")))
+        assert (val_index["split"], val_index["fraction"], val_index["num_documents"]) == ("val", 0.25, len(val))
+        same = ("format", "version", "dtype", "tokenizer", "vocab_size", "eot_token", "shard_tokens", "tokenizer_file")
+        assert {k: val_index[k] for k in same} == {k: index[k] for k in same}
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("shard-*.bin")) == sorted(
+            [s["name"] for s in index["shards"]] + [f"val/{s['name']}" for s in val_index["shards"]]), \
+            "the shards of both splits that dedup rewrote are removed"
+    assert len({s["name"].split("/")[1] for s in index["shards"]}) > 5, "many chunks, compacted in both splits"
+
+
+def test_val_split_is_byte_identical_whatever_the_parallelism_on_ray(tmp_path, ray_cluster):
+    docs = documents(300)
+    write_jsonl(tmp_path / "in" / "a.jsonl", docs + docs[:20])
+    digests = []
+    for parallelism in (1, 2):
+        out = tmp_path / f"p{parallelism}"
+        prepare(str(tmp_path / "in"), str(out), executor=RayExecutor(parallelism), chunk_mb=6e-3, shard_tokens=512,
+                val_fraction=0.2)
+        digests.append((dataset_digests(str(out)), dataset_digests(str(out / "val"))))
+    assert len(digests[0][1]) > 3
+    assert digests[0] == digests[1]
+    assert stream_documents(str(tmp_path / "p1" / "val")) == [d for d in docs if in_val(d, 0.2)]
+
+
+def test_a_killed_prepare_with_a_val_split_redoes_only_the_missing_chunks_and_writes_the_val_index_first(
+        tmp_path, monkeypatch):
+    docs = documents(300)
+    write_jsonl(tmp_path / "in.jsonl", docs + docs[:30])
+    settings = {"chunk_mb": 2e-3, "shard_tokens": 256, "val_fraction": 0.2}
+    prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "reference"), **settings)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        prepare(str(tmp_path / "in.jsonl"), str(out), executor=CountingExecutor(stop_after=3), **settings)
+    assert not (out / "index.json").exists() and not (out / "val" / "index.json").exists()
+
+    written, write_text = [], Location.write_text
+
+    def recording_write_text(self, text):
+        written.append(self.url)
+        write_text(self, text)
+
+    monkeypatch.setattr(Location, "write_text", recording_write_text)
+    again = CountingExecutor()
+    prepare(str(tmp_path / "in.jsonl"), str(out), executor=again, **settings)
+    total = len(list((tmp_path / "reference").glob("chunks/*/manifest.json")))
+    assert sorted(again.ran[: total - 3]) == list(range(3, total))
+    assert [url for url in written if url.endswith("index.json")] == [f"{out}/val/index.json", f"{out}/index.json"]
+    for split in ("", "val"):
+        assert dataset_digests(str(out / split)) == dataset_digests(str(tmp_path / "reference" / split))
+
+
+@pytest.mark.parametrize("value", ["0", "0.6", "-1", "abc"])
+def test_an_out_of_range_val_fraction_is_one_line_and_exit_2_and_writes_nothing(tmp_path, capsys, value):
+    write_jsonl(tmp_path / "in.jsonl", documents(10))
+    code = main(["prepare", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"),
+                 "--val-fraction", value])
+    stderr = capsys.readouterr().err
+    assert code == 2
+    assert len(stderr.splitlines()) == 1 and "Traceback" not in stderr, stderr
+    assert stderr.startswith("spotray: error: --val-fraction must be a number more than 0 and at most 0.5, got ")
+    assert value in stderr and "leave it out" in stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_summary_names_the_val_split_and_verify_checks_it_with_the_training_split(tmp_path, capsys):
+    from spotray.data.dataset import TokenDataset
+
+    write_jsonl(tmp_path / "in.jsonl", documents(100))
+    out = tmp_path / "out"
+    assert main(["prepare", "--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--val-fraction", "0.3",
+                 "--shard-tokens", "300"]) == 0
+    index = json.loads((out / "index.json").read_text())
+    val = index["val"]
+    assert (f"held out {val['tokens']:,} tokens from {val['documents']:,} documents for validation at {out}/val"
+            in capsys.readouterr().out)
+    val_index = read_index(resolve(str(out / "val")))
+    val_result = {"shards": len(val_index["shards"]), "tokens": val["tokens"], "bytes": 2 * val["tokens"]}
+    assert verify(str(out)) == {"shards": len(index["shards"]), "tokens": index["total_tokens"],
+                                "bytes": 2 * index["total_tokens"], "val": val_result}
+    assert verify(str(out / "val")) == val_result
+    assert main(["prepare", "--verify", str(out)]) == 0
+    assert f"and {len(val_index['shards'])} validation shards" in capsys.readouterr().out
+    dataset = TokenDataset.open(str(out / "val"), seq_len=8)
+    assert len(dataset) > 0 and dataset.tokenizer == index["tokenizer"]
+
+    damaged = out / "val" / val_index["shards"][1]["name"]
+    data = bytearray(damaged.read_bytes())
+    data[3] ^= 1
+    damaged.write_bytes(bytes(data))
+    count, name = len(index["shards"]) + len(val_index["shards"]), val_index["shards"][1]["name"]
+    with pytest.raises(DataError, match=re.escape(f"1 of {count} shards are damaged: val/{name} (SHA-256 differs "
+                                                  "from the index: corrupted)")):
+        verify(str(out))
+
+
+def test_an_index_from_before_val_splits_still_opens_and_verifies(tmp_path):
+    from spotray.data.dataset import TokenDataset
+
+    write_jsonl(tmp_path / "in.jsonl", documents(50))
+    index = prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"))
+    assert "val" not in index
+    older = index | {"source": {k: v for k, v in index["source"].items() if k != "val_fraction"}}
+    (tmp_path / "out" / "index.json").write_text(json.dumps(older))
+    assert read_index(resolve(str(tmp_path / "out"))) == older
+    assert len(TokenDataset.open(str(tmp_path / "out"), seq_len=8)) > 0
+    assert set(verify(str(tmp_path / "out"))) == {"shards", "tokens", "bytes"}
+
+    (tmp_path / "out" / "index.json").write_text(json.dumps(older | {"val": {"path": "../elsewhere"}}))
+    with pytest.raises(DataError, match="field 'val' must name the validation split's directory inside the dataset"):
+        read_index(resolve(str(tmp_path / "out")))
+
+
+def test_val_split_url_joins_local_paths_and_s3_urls():
+    assert val_split_url("/data/v1") == val_split_url("/data/v1/") == "/data/v1/val"
+    assert val_split_url("relative/v1") == "relative/v1/val"
+    assert val_split_url("s3://bucket/datasets/v1/") == "s3://bucket/datasets/v1/val"
+    assert val_split_url("s3://bucket") == "s3://bucket/val"
+
+
+def test_a_val_fraction_that_selects_no_document_is_refused_before_any_index(tmp_path):
+    docs = [d for d in documents(40) if not in_val(d, 0.001)][:5]
+    write_jsonl(tmp_path / "in.jsonl", docs)
+    with pytest.raises(DataError, match=re.escape("--val-fraction 0.001 put none of the 5 documents into the "
+                                                  "validation split: raise --val-fraction or add data")):
+        prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), val_fraction=0.001)
+    assert not list((tmp_path / "out").rglob("index.json"))

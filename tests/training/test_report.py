@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spotray.console import line_kind
-from spotray.report import format_summary, format_table
+from spotray.report import format_summary, format_table, plot_losses
 
 SUMMARY = {"run_name": "r", "final_step": 60, "final_loss": 2.5, "tokens_per_s": 12345.6, "goodput": 0.871,
            "exactly_once": True, "checkpoint_every_steps": 20, "events": [],
@@ -29,3 +29,62 @@ def test_interruptions_are_a_table_and_an_auto_interval_keeps_the_result_line():
     assert lines[-1] == ("goodput 87.1% | every sample exactly once: not audited | final loss 2.5000 at step 60 | "
                          "checkpoint auto (Young–Daly)")
     assert all(line_kind(line) == "summary" for line in lines if line)
+
+
+EVALS = {"20": {"val_loss": 3.1, "val_perplexity": 22.2}, "40": {"val_loss": 2.75, "val_perplexity": 15.6},
+         "60": {"val_loss": 2.8, "val_perplexity": 16.4}}
+
+
+def test_an_evaluated_runs_result_line_has_its_last_val_loss_and_its_best_checkpoint():
+    best = {"step": 40, "val_loss": 2.75, "url": "/ckpt/r/checkpoints/step_000000040"}
+    line = format_table({**SUMMARY, "evals": EVALS, "val_loss": 2.8, "best": best})
+    assert line == ("goodput 87.1% | every sample exactly once: yes | final loss 2.5000 at step 60 | checkpoint every "
+                    "20 steps | val loss 2.8000 at step 60 (best 40: 2.7500)")
+    assert line_kind(line) == "summary"
+    # no checkpoint has a val loss (none kept, or only emergency ones): the best is the lowest evaluation
+    assert format_table({**SUMMARY, "evals": EVALS, "val_loss": 2.8, "best": None}).endswith(
+        "| val loss 2.8000 at step 60 (best 40: 2.7500)")
+
+
+def test_a_run_that_never_evaluated_keeps_its_result_line():
+    expected = format_table(SUMMARY)
+    assert format_table({**SUMMARY, "evals": {}, "val_loss": None, "best": None}) == expected
+    assert "val loss" not in expected
+
+
+def plotted(monkeypatch, summary: dict, path) -> dict:
+    """plot_losses' figure as saved: each line's label and points, and the legend's labels."""
+    from matplotlib.figure import Figure
+
+    seen = {}
+    savefig = Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        ax = fig.axes[0]
+        seen["lines"] = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()), line.get_marker())
+                         for line in ax.get_lines()}
+        legend = ax.get_legend()
+        seen["legend"] = [t.get_text() for t in legend.get_texts()] if legend else []
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    assert plot_losses(summary, str(path)) == str(path)
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and path.stat().st_size > 1000
+    return seen
+
+
+def test_the_loss_curve_draws_the_val_loss_beside_the_training_loss(monkeypatch, tmp_path):
+    losses = {str(s): 5.0 / s for s in range(1, 61)}
+    seen = plotted(monkeypatch, {**SUMMARY, "losses": losses, "evals": EVALS, "events": [KILL]},
+                   tmp_path / "plots" / "loss_curve.png")
+    assert seen["legend"] == ["training loss", "val loss"]
+    steps, values, marker = seen["lines"]["val loss"]
+    assert (steps, values) == ([20, 40, 60], [3.1, 2.75, 2.8]) and marker not in ("", "None", None)
+    assert seen["lines"]["training loss"][0] == list(range(1, 61))
+
+
+def test_the_loss_curve_of_a_run_that_never_evaluated_has_no_val_curve_nor_legend(monkeypatch, tmp_path):
+    seen = plotted(monkeypatch, {**SUMMARY, "losses": {"1": 3.0, "2": 2.9}, "evals": {}}, tmp_path / "curve.png")
+    assert list(seen["lines"]) == ["training loss"] and seen["legend"] == []
+    seen = plotted(monkeypatch, {**SUMMARY, "losses": {"1": 3.0, "2": 2.9}}, tmp_path / "older.png")  # no "evals"
+    assert list(seen["lines"]) == ["training loss"] and seen["legend"] == []

@@ -1,11 +1,13 @@
 """``spotray status`` on runs built in storage without Ray: the ledger's writers and a one-process Checkpointer.
 
 The run: attempt a trains 1-50 and is drained at step 50; b resumes at 50, trains to 80 and vanishes; c resumes
-from the step-70 checkpoint and has trained to 90 of 100, last heard of ``seen_ago`` seconds ago."""
+from the step-70 checkpoint and has trained to 90 of 100, last heard of ``seen_ago`` seconds ago. An ``evaluated``
+run also has evaluations (``EVALS``), checkpoints with their val loss and log intervals with every rank's memory."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -24,9 +26,16 @@ from tests.training.ledgers import write_attempt
 
 CHECKPOINT_STEPS = (50, 70)
 PARTIAL_STEP_DIR = "step_000000090"  # a save in flight: files written, no commit marker yet
+GiB = 1 << 30
+# attempt -> step -> val loss. b's 80 is lost (c resumed from 70), so its low val loss is not the final model's.
+EVALS = {"a": {25: 4.0, 50: 3.5}, "b": {60: 3.3, 70: 3.4, 80: 2.0}, "c": {80: 3.2, 90: 3.25}}
+LINEAGE_EVALS = {25: 4.0, 50: 3.5, 60: 3.3, 70: 3.4, 80: 3.2, 90: 3.25}
+# attempt -> step -> (rss, peak rss) per rank, CPU workers (no CUDA). c's last interval is the one reported.
+INTERVALS = {"b": {80: ([9 * GiB, 9 * GiB], [9 * GiB, 9 * GiB])},
+             "c": {80: ([2 * GiB, GiB], [2 * GiB, 2 * GiB]), 90: ([1.2 * GiB, 1.3 * GiB], [1.6 * GiB, 1.5 * GiB])}}
 
 
-def build_run(run_root, seen_ago: float = 0.0):
+def build_run(run_root, seen_ago: float = 0.0, evaluated: bool = False):
     attempts = ledger.attempts_root(run_root)
     t0 = time.time() - 300 - seen_ago
     attempts.child("run.json").write_text(json.dumps({"started_at": t0}))
@@ -38,13 +47,34 @@ def build_run(run_root, seen_ago: float = 0.0):
                                           "first_step_at": t0 + 140, "last_seen": t0 + 200})
     write_attempt(attempts, "c", 70, 90, {"step": 90, "entered_at": t0 + 215, "startup_s": 4.0, "restore_s": 1.0,
                                           "checkpoint_save_s": 1.0, "first_step_at": t0 + 225, "last_seen": t0 + 300,
-                                          "tokens_per_s": 1234.5})
+                                          "tokens_per_s": 1234.5, **({"eval_s": 3.0} if evaluated else {})})
     checkpointer = Checkpointer(run_root, rank=0, world_size=1, keep_last=10)
     for step in CHECKPOINT_STEPS:
-        checkpointer.save(step, {"weights": torch.full((256,), float(step))})
+        checkpointer.save(step, {"weights": torch.full((256,), float(step))},
+                          val_loss=LINEAGE_EVALS[step] if evaluated else None)
     checkpointer.close()
     run_root.child("checkpoints", PARTIAL_STEP_DIR, "__0_0.distcp").write_bytes(b"\0" * 1024)
+    if evaluated:
+        write_evals_and_intervals(attempts)
     return run_root
+
+
+def write_evals_and_intervals(attempts, cuda: bool = False) -> None:
+    """``EVALS`` and ``INTERVALS`` as rank 0 records them; ``cuda``: the workers are GPU ones."""
+    writer = ledger.RecordWriter()
+    for attempt_id, evals in EVALS.items():
+        log = ledger.eval_log(attempts, attempt_id, writer)
+        for step, val_loss in evals.items():
+            log.record(step, metrics={"val_loss": val_loss, "val_perplexity": math.exp(val_loss),
+                                      "accuracy": step / 100}, s=0.1)
+    for attempt_id, intervals in INTERVALS.items():
+        log = ledger.interval_log(attempts, attempt_id, writer)
+        for step, (rss, peak_rss) in intervals.items():
+            log.record(step, tokens_per_s=1000.0, mfu=None, goodput=0.5, step_s=1.0, memory={
+                "rss_bytes": [int(b) for b in rss], "peak_rss_bytes": [int(b) for b in peak_rss],
+                "cuda_allocated_peak_bytes": [3 * GiB, 2 * GiB] if cuda else None,
+                "cuda_reserved_peak_bytes": [4 * GiB, 5 * GiB] if cuda else None})
+    assert writer.flush(timeout_s=10)
 
 
 @pytest.fixture
@@ -117,7 +147,83 @@ def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     assert re.search(rf"checkpoints  step 70 \({kib[0]}, \d+s ago\), step 50 \({kib[1]}, \d+s ago\)$", text, re.M)
     assert "notice at step 50: 0 steps lost, resumed from step 50 after 50.0s" in text
     assert "kill at step 80: 10 steps lost (at most 11), resumed from step 70 after 25.0s" in text
-    assert "goodput      30.0% of 300s; badput: startup 23s, restore 2s, checkpoint_save 3s, wasted 10s" in text
+    assert ("goodput      30.0% of 300s; badput: startup 23s, restore 2s, checkpoint_save 3s, eval 0s, wasted 10s"
+            in text)
+    assert "val loss     none evaluated (evaluation is off, or none has run yet)" in text
+    assert "memory       not recorded yet (no log interval of the newest attempt)" in text
+
+
+@pytest.fixture
+def evaluated_run(tmp_path):
+    return build_run(resolve(str(tmp_path / "runs" / "r1")), evaluated=True)
+
+
+def test_the_final_models_evaluations_its_best_checkpoint_and_its_lowest_val_loss(evaluated_run, capsys):
+    got = status_json(evaluated_run.url, capsys=capsys)
+    assert [e["step"] for e in got["evals"]] == list(LINEAGE_EVALS)  # b's 80 was lost: c trained 71-90 again
+    assert [e["step"] for e in got["evals"]] == list(ledger.lineage_evals(ledger.attempts_root(evaluated_run)))
+    assert [e["metrics"]["val_loss"] for e in got["evals"]] == list(LINEAGE_EVALS.values())
+    assert got["evals"][-1]["metrics"] == {"val_loss": 3.25, "val_perplexity": pytest.approx(math.exp(3.25)),
+                                           "accuracy": 0.9}
+    assert got["val_loss"] == 3.25
+    assert [(c["step"], c["val_loss"]) for c in got["checkpoints"]] == [(70, 3.4), (50, 3.5)]
+    assert got["best"] == {"step": 70, "val_loss": 3.4, "url": got["checkpoints"][0]["url"]}
+    assert got["best_eval"] == {"step": 80, "val_loss": 3.2}  # evaluated, but no checkpoint of step 80 committed
+    assert got["badput_s"]["eval"] == 3.0
+
+
+def test_memory_is_each_kinds_largest_rank_at_the_newest_attempts_last_interval(evaluated_run, capsys):
+    got = status_json(evaluated_run.url, capsys=capsys)["memory"]
+    assert got == {"rss_bytes": {"max": int(1.3 * GiB), "rank": 1},
+                   "peak_rss_bytes": {"max": int(1.6 * GiB), "rank": 0},
+                   "cuda_allocated_peak_bytes": None, "cuda_reserved_peak_bytes": None}
+    write_evals_and_intervals(ledger.attempts_root(evaluated_run), cuda=True)
+    got = status_json(evaluated_run.url, capsys=capsys)["memory"]
+    assert got["cuda_allocated_peak_bytes"] == {"max": 3 * GiB, "rank": 0}
+    assert got["cuda_reserved_peak_bytes"] == {"max": 5 * GiB, "rank": 1}
+
+
+def test_the_text_has_the_last_evaluations_the_best_and_the_memory(evaluated_run, capsys):
+    write_evals_and_intervals(ledger.attempts_root(evaluated_run), cuda=True)
+    assert main(["status", evaluated_run.url]) == 0
+    text = capsys.readouterr().out
+    assert ("val loss     step 50 3.5000, step 60 3.3000, step 70 3.4000, step 80 3.2000, step 90 3.2500 (the last 5 "
+            "of 6); best step 70 3.4000 (checkpoint kept); lowest evaluated step 80 3.2000 (no checkpoint kept)\n"
+            ) in text
+    assert "checkpoint_save 3s, eval 3s, wasted 10s" in text
+    assert ("memory       host RSS 1.3 GiB (rank 1), peak 1.6 GiB (rank 0); CUDA allocated peak 3.0 GiB (rank 0), "
+            "reserved peak 5.0 GiB (rank 1)\n") in text
+
+
+def test_without_checkpoints_of_evaluated_steps_the_best_is_the_lowest_evaluation(tmp_path, capsys):
+    run = build_run(resolve(str(tmp_path / "r1")))  # checkpoints without a val loss (e.g. emergency ones)
+    write_evals_and_intervals(ledger.attempts_root(run))
+    got = status_json(run.url, capsys=capsys)
+    assert got["best"] is None and all(c["val_loss"] is None for c in got["checkpoints"])
+    assert got["best_eval"] == {"step": 80, "val_loss": 3.2}
+    assert main(["status", run.url]) == 0
+    assert "(the last 5 of 6); best step 80 3.2000 (no checkpoint kept)\n" in capsys.readouterr().out
+
+
+def test_a_newly_started_attempt_has_no_memory_yet_and_keeps_the_lineages_evaluations(evaluated_run, capsys):
+    attempts = ledger.attempts_root(evaluated_run)
+    t0 = time.time()
+    write_attempt(attempts, "d", 90, 90, {"step": 90, "entered_at": t0 - 5, "last_seen": t0})
+    got = status_json(evaluated_run.url, capsys=capsys)
+    assert got["memory"] is None
+    assert [e["step"] for e in got["evals"]] == list(LINEAGE_EVALS) and got["val_loss"] == 3.25
+
+
+def test_a_run_with_no_attempt_yet_has_the_same_keys(run, tmp_path, capsys):
+    empty = tmp_path / "runs" / "r0"
+    (empty / "attempts").mkdir(parents=True)
+    got = status_json(str(empty), capsys=capsys)
+    assert set(got) == set(status_json(run.url, capsys=capsys))
+    assert (got["evals"], got["val_loss"], got["best"], got["best_eval"], got["memory"]) == ([], None, None, None,
+                                                                                           None)
+    assert main(["status", str(empty)]) == 0
+    text = capsys.readouterr().out
+    assert "val loss     none evaluated" in text and "memory       not recorded yet" in text
 
 
 def snapshot(directory) -> dict:

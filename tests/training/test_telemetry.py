@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spotray import launch
-from spotray.telemetry import GAUGES, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
+from spotray.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
 from tests.training.configs import make_config
 
 
@@ -45,12 +45,12 @@ def scrape_spotray_gauges(port: int) -> set[str]:
 
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
     cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "metrics", "train.max_steps=400", "train.log_every=5",
-                      "checkpoint.every_steps=100")
+                      "checkpoint.every_steps=100", "eval.every_steps=50", f"data.val_path={dataset_url}")
     run = threading.Thread(target=launch.run, args=(cfg,), daemon=True)
     run.start()
     seen: set[str] = set()
     # no peak FLOP/s for a CPU, no preemption notice and no interruption in this run
-    expected = {f"ray_spotray_{name}" for name in [*GAUGES, TIME_GAUGE]} - {
+    expected = {f"ray_spotray_{name}" for name in [*GAUGES, TIME_GAUGE, MEMORY_GAUGE]} - {
         "ray_spotray_mfu", "ray_spotray_emergency_checkpoint", "ray_spotray_recovery_seconds"}
     while run.is_alive() and not expected <= seen:
         seen |= scrape_spotray_gauges(ray_cluster)

@@ -4,7 +4,6 @@ resume of that example on a process group; and how a broken task is stopped."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from spotray.examples import conv_lm
 from spotray.storage import resolve
 from tests.corpus import write_corpus
 from tests.repo import REPO
+from tests.training.runs import cli_env
 
 EXAMPLE = "spotray.examples.conv_lm:make_task"
 
@@ -51,12 +51,6 @@ def readme_example() -> str:
     match = re.search(r"<!-- user-task-example -->\n```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
     assert match, "README.md has no ```bash block right under <!-- user-task-example -->"
     return match.group(1)
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    """The shell of someone who installed spotray: its scripts on PATH, and a local Ray rather than any cluster."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", **extra}
 
 
 def test_the_readme_example_trains_the_user_task_through_ray(tmp_path):

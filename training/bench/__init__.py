@@ -33,6 +33,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from spotray.bench.export import run
 
         return run(preset=args.preset)
+    if which == "tracking":
+        from spotray.bench.tracking import run
+
+        return run(steps=args.steps or 60, rounds=args.rounds, preset=args.preset, workers=args.workers)
     from spotray.bench.throughput import run
 
     return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,

@@ -5,6 +5,9 @@ The manifest is written last and lists every shard with its SHA-256: a chunk is 
 that was killed redoes the chunks without one and never adopts a partial shard. With dedup, the manifest also
 points at ``docs.bin`` (each kept document's text hash and end), from which the driver finds documents that
 repeat an earlier chunk's; such a chunk is rewritten without them into ``chunks/cNNNNNN/dedup-<hash>/``.
+
+With a validation fraction, the documents whose hash falls below ``val_threshold`` go to the same paths under
+``val/`` instead, and the manifest's ``val`` lists those shards (named from ``val/``, as the val index names them).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from spotray.data.index import DTYPES
+from spotray.data.index import DTYPES, VAL_NAME
 from spotray.data.sources import DocumentReader, Piece
 from spotray.data.tokenizer import Tokenizer
 from spotray.errors import StorageError
@@ -46,6 +49,13 @@ class ChunkSettings:
     shard_tokens: int
     dtype: str
     tokenizer_id: str
+    val_fraction: float | None
+
+    @property
+    def val_threshold(self) -> int:
+        """A document is in the validation split when the first 8 bytes of its hash, as a little-endian integer,
+        are below this: the split depends on the text alone, never on the chunking."""
+        return int(self.val_fraction * 2**64) if self.val_fraction else 0
 
 
 @dataclass(frozen=True)
@@ -96,71 +106,111 @@ def document_digest(text: str) -> bytes:
 
 
 def tokenize_chunk(job: ChunkJob, tokenizer: Tokenizer, report: Report) -> dict:
-    """Read, filter, dedup (within the chunk) and tokenize the chunk's documents; returns its manifest."""
+    """Read, filter, dedup (within the chunk), split and tokenize the chunk's documents; returns its manifest."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task, one core: the parallelism is the tasks'
     settings = job.settings
     out = resolve(job.output_url, job.options)
     reader = DocumentReader(settings.text_field, settings.skip_bad_lines, job.options)
-    writer = ShardWriter(out, job.directory, settings.shard_tokens, DTYPES[settings.dtype])
+    threshold = settings.val_threshold
+    train = _SplitWriter(tokenizer, ShardWriter(out, job.directory, settings.shard_tokens, DTYPES[settings.dtype]))
+    val = _SplitWriter(tokenizer, ShardWriter(out.child(VAL_NAME), job.directory, settings.shard_tokens,
+                                              DTYPES[settings.dtype]))
+    hashed = settings.dedup or threshold > 0
     seen: set[bytes] = set()
     digests: list[bytes] = []
-    ends: list[np.ndarray] = []
-    short = duplicates = documents = batch_chars = 0
-    batch: list[str] = []
+    short = duplicates = 0
     reported = time.monotonic()
 
-    def flush() -> None:
-        nonlocal documents, batch_chars
-        tokens, lengths = tokenizer.encode_documents(batch)
-        ends.append(writer.position + np.cumsum(lengths))
-        writer.add(tokens)
-        documents += len(batch)
-        batch.clear()
-        batch_chars = 0
+    def counts() -> tuple[int, int, int]:
+        return (train.documents + val.documents, train.writer.position + val.writer.position,
+                reader.stats.bytes_in)
 
     for piece in job.pieces:
         for text in reader.documents(piece):
             if len(text) < settings.min_chars:
                 short += 1
                 continue
+            digest = document_digest(text) if hashed else b""
             if settings.dedup:
-                digest = document_digest(text)
                 if digest in seen:
                     duplicates += 1
                     continue
                 seen.add(digest)
                 digests.append(digest)
-            batch.append(text)
-            batch_chars += len(text)
-            if batch_chars >= BATCH_CHARS:
-                flush()
-                if time.monotonic() - reported >= REPORT_EVERY_S:
-                    report(documents, writer.position, reader.stats.bytes_in)
-                    reported = time.monotonic()
-    if batch:
-        flush()
-    writer.flush()
-    docs_name = _write_docs(out, job.directory, digests, ends) if settings.dedup else None
+            (val if _hash_head(digest) < threshold else train).add(text)
+            if time.monotonic() - reported >= REPORT_EVERY_S:
+                report(*counts())
+                reported = time.monotonic()
+    train.flush()
+    val.flush()
+    docs_name = _write_docs(out, job.directory, digests, threshold, train.ends, val.ends) if settings.dedup else None
     manifest = {
         "fingerprint": job.fingerprint(),
-        "documents": documents,
-        "tokens": writer.position,
+        "documents": train.documents,
+        "tokens": train.writer.position,
         "bytes_in": reader.stats.bytes_in,
         "removed": {"short": short, "duplicates": duplicates, "bad_lines": reader.stats.bad_lines},
-        "shards": writer.shards,
+        "shards": train.writer.shards,
         "docs": docs_name,
+        "val": val.summary() if threshold else None,
     }
-    report(documents, writer.position, reader.stats.bytes_in)
+    report(*counts())
     out.child(job.directory, MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
-def _write_docs(out: Location, directory: str, digests: list[bytes], ends: list[np.ndarray]) -> str:
+def _hash_head(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "little")
+
+
+class _SplitWriter:
+    """One split's documents of a chunk: batched for the tokenizer, written as shards as they fill."""
+
+    def __init__(self, tokenizer: Tokenizer, writer: ShardWriter):
+        self.tokenizer, self.writer = tokenizer, writer
+        self.batch: list[str] = []
+        self.batch_chars = 0
+        self.documents = 0
+        self._ends: list[np.ndarray] = []
+
+    def add(self, text: str) -> None:
+        self.batch.append(text)
+        self.batch_chars += len(text)
+        if self.batch_chars >= BATCH_CHARS:
+            self._encode_batch()
+
+    def flush(self) -> None:
+        if self.batch:
+            self._encode_batch()
+        self.writer.flush()
+
+    def _encode_batch(self) -> None:
+        tokens, lengths = self.tokenizer.encode_documents(self.batch)
+        self._ends.append(self.writer.position + np.cumsum(lengths))
+        self.writer.add(tokens)
+        self.documents += len(self.batch)
+        self.batch.clear()
+        self.batch_chars = 0
+
+    @property
+    def ends(self) -> np.ndarray:
+        """Where each document's tokens end, in the order added."""
+        return np.concatenate(self._ends) if self._ends else np.empty(0, dtype=np.int64)
+
+    def summary(self) -> dict:
+        return {"documents": self.documents, "tokens": self.writer.position, "shards": self.writer.shards}
+
+
+def _write_docs(out: Location, directory: str, digests: list[bytes], threshold: int, train_ends: np.ndarray,
+                val_ends: np.ndarray) -> str:
+    """Each document's hash and, in input order, where it ends in its own split's tokens."""
     records = np.empty(len(digests), dtype=DOC_RECORD)
     if digests:
         pairs = np.frombuffer(b"".join(digests), dtype="<u8").reshape(-1, 2)
         records["hi"], records["lo"] = pairs[:, 0], pairs[:, 1]
-        records["end"] = np.concatenate(ends)
+        in_val = records["hi"] < threshold
+        records["end"][~in_val] = train_ends
+        records["end"][in_val] = val_ends
     name = f"{directory}/{DOCS}"
     out.child(name).write_bytes(records.tobytes())
     return name
@@ -171,27 +221,45 @@ def read_docs(out: Location, manifest: dict) -> np.ndarray:
 
 
 def compact_chunk(job: CompactJob, _tokenizer: Tokenizer, _report: Report) -> dict:
-    """Copy the chunk's tokens without the dropped documents' spans; returns the new manifest."""
-    settings = job.settings
-    dtype = DTYPES[settings.dtype]
+    """Copy the chunk's tokens, of each split, without the dropped documents' spans; returns the new manifest."""
     out = resolve(job.chunk.output_url, job.chunk.options)
-    ends = read_docs(out, job.manifest)["end"].astype(np.int64)
+    records = read_docs(out, job.manifest)
+    dropped = np.zeros(len(records), dtype=bool)
+    dropped[list(job.drop)] = True
+    in_val = records["hi"] < job.settings.val_threshold
+    train = _rewrite(out, job, job.manifest, records["end"][~in_val], dropped[~in_val])
+    removed = dict(job.manifest["removed"])
+    removed["duplicates"] += len(job.drop)
+    manifest = {**job.manifest, "fingerprint": job.fingerprint(), "removed": removed, "docs": None, **train}
+    if job.manifest["val"] is not None:
+        manifest["val"] = _rewrite(out.child(VAL_NAME), job, job.manifest["val"], records["end"][in_val],
+                                   dropped[in_val])
+    out.child(job.directory, MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _rewrite(root: Location, job: CompactJob, split: dict, ends: np.ndarray, dropped: np.ndarray) -> dict:
+    """One split's shards (``split``: its documents, tokens and shards) copied under the job's directory without
+    the documents ``dropped`` marks; ``ends`` says where each document ends."""
+    dtype = DTYPES[job.settings.dtype]
+    ends = ends.astype(np.int64)
     starts = np.concatenate([[0], ends[:-1]])
-    stream = _TokenStream(out, job.manifest["shards"], dtype)
-    writer = ShardWriter(out, job.directory, settings.shard_tokens, dtype)
-    for ordinal in job.drop:
+    stream = _TokenStream(root, split["shards"], dtype)
+    writer = ShardWriter(root, job.directory, job.settings.shard_tokens, dtype)
+    for ordinal in np.flatnonzero(dropped):
         for tokens in stream.take(int(starts[ordinal]) - stream.position):
             writer.add(tokens)
         stream.skip(int(ends[ordinal]) - stream.position)
-    for tokens in stream.take(job.manifest["tokens"] - stream.position):
+    for tokens in stream.take(split["tokens"] - stream.position):
         writer.add(tokens)
     writer.flush()
-    removed = dict(job.manifest["removed"])
-    removed["duplicates"] += len(job.drop)
-    manifest = {**job.manifest, "fingerprint": job.fingerprint(), "documents": job.manifest["documents"] -
-                len(job.drop), "tokens": writer.position, "removed": removed, "shards": writer.shards, "docs": None}
-    out.child(job.directory, MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    return {"documents": split["documents"] - int(dropped.sum()), "tokens": writer.position, "shards": writer.shards}
+
+
+def shard_files(manifest: dict) -> dict[str, int]:
+    """Every shard a manifest lists, of both splits, by its path under the output: its tokens."""
+    val = manifest["val"]["shards"] if manifest["val"] is not None else []
+    return {s["name"]: s["tokens"] for s in manifest["shards"]} | {f"{VAL_NAME}/{s['name']}": s["tokens"] for s in val}
 
 
 def finished_manifest(job: ChunkJob | CompactJob, out: Location) -> dict | None:
@@ -201,7 +269,8 @@ def finished_manifest(job: ChunkJob | CompactJob, out: Location) -> dict | None:
         itemsize = DTYPES[job.settings.dtype].itemsize
         if manifest.get("fingerprint") != job.fingerprint():
             return None
-        shards_in_place = all(out.child(s["name"]).size() == s["tokens"] * itemsize for s in manifest["shards"])
+        shards_in_place = all(out.child(name).size() == tokens * itemsize
+                              for name, tokens in shard_files(manifest).items())
         if shards_in_place and (manifest["docs"] is None or out.child(manifest["docs"]).exists()):
             return manifest
     except (StorageError, ValueError, KeyError, TypeError):

@@ -15,6 +15,7 @@ FORMAT = "spotray-tokens"
 VERSION = 1
 INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"
+VAL_NAME = "val"
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
@@ -22,8 +23,14 @@ def dtype_for_vocab(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
+def val_split_url(data_url: str) -> str:
+    """Where ``prepare --val-fraction`` puts the validation split of the dataset at ``data_url``."""
+    return f"{data_url.rstrip('/')}/{VAL_NAME}"
+
+
 def read_index(root: Location) -> dict:
-    """The validated index of the dataset at ``root``."""
+    """The validated index of the dataset at ``root``; ``index["tokenizer"]`` identifies the tokenizer it was
+    prepared with (``bytes``, or ``hf:`` and a hash of its tokenizer.json)."""
     index_loc = root.child(INDEX_NAME)
     try:
         data = index_loc.read_bytes()
@@ -71,6 +78,8 @@ def validate_index(index: object, where: str) -> None:
         raise bad("shards", "must be a list of {name, tokens, sha256} entries with names inside the dataset")
     if sum(s["tokens"] for s in shards) != index["total_tokens"]:
         raise bad("shards", f"token counts do not add up to total_tokens {index['total_tokens']}")
+    if "val" in index and not _valid_val(index["val"]):
+        raise bad("val", f"must name the validation split's directory inside the dataset, got {index['val']!r}")
 
 
 def _valid_shard(shard: object) -> bool:
@@ -82,6 +91,10 @@ def _valid_shard(shard: object) -> bool:
         and shard["tokens"] >= 0
         and isinstance(shard.get("sha256"), str)
     )
+
+
+def _valid_val(val: object) -> bool:
+    return isinstance(val, dict) and isinstance(val.get("path"), str) and _relative_name(val["path"])
 
 
 def _relative_name(name: str) -> bool:

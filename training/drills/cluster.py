@@ -61,14 +61,21 @@ class LocalCluster:
                 "RAY_USAGE_STATS_ENABLED": "0", **state_api_env(self.dashboard_port)}
 
     def start(self, workers: int) -> LocalCluster:
+        """The head and ``workers`` nodes; a node that does not join stops the ones started (``with`` has not
+        begun yet, so nothing else would)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
-                                            "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                                            "--node-ip-address=127.0.0.1"]))
-        for _ in range(workers):
-            self.add_node()
+        try:
+            self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0",
+                                                "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                                                f"--dashboard-port={self.dashboard_port}",
+                                                "--node-ip-address=127.0.0.1"]))
+            for _ in range(workers):
+                self.add_node()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def add_node(self, wait: bool = True) -> Node:
@@ -131,8 +138,11 @@ class LocalCluster:
     def alive_metrics_ports(self) -> set[int]:
         probe = (f"import ray; ray.init(address='{self.address}', logging_level='ERROR'); "
                  "print(*[n['MetricsExportPort'] for n in ray.nodes() if n['Alive']])")
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                             env=self.node_env())
+        try:
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                                 env=self.node_env())
+        except subprocess.TimeoutExpired:  # a loaded machine: the caller asks again until its own deadline
+            return set()
         lines = out.stdout.strip().splitlines()
         return {int(port) for port in lines[-1].split() if port.isdigit()} if out.returncode == 0 and lines else set()
 

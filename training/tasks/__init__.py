@@ -75,6 +75,11 @@ class Task(Protocol):
     def extra_state(self) -> dict:
         """More to checkpoint: name -> ``Stateful`` (``state_dict``/``load_state_dict``), the same on every rank."""
 
+    # Evaluation (``eval.every_steps``, ``checkpoint.keep_best``) also needs, where a task has them:
+    #   open_val_dataset() -> Samples: the held-out samples (required while evaluation is on);
+    #   evaluate(model, batch) -> {name: (sum, count)}: summed over the batch, averaged over every rank's sums
+    #   and counts; without it the task's ``loss`` is reported as ``val_loss``.
+
 
 class TaskError(SpotrayError):
     """A task broke one of the rules the guarantees rest on."""

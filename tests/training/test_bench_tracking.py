@@ -1,0 +1,17 @@
+"""``spotray bench tracking`` on the tiny preset: it runs, its JSON has its keys, its ratios are finite and positive,
+and the tracked runs' trackers missed nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.test_bench import assert_ratios, bench
+
+
+@pytest.mark.slow  # an MLflow server and three runs: 3 minutes on 2 cores; test_tracking checks the same path in CI
+def test_tracking_bench():
+    result = bench("tracking", "--steps", "12", "--rounds", "1")
+    assert {variant: len(seconds) for variant, seconds in result["step_s"].items()} == {
+        "none": 1, "tracked": 1, "none_again": 1}
+    assert_ratios(result, "tracked_over_none", "none_over_none")
+    assert result["tracking_gaps"] == []

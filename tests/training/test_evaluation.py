@@ -1,0 +1,129 @@
+"""Validation during training: the same samples at any world size, the same value from 1 and 2 workers and from
+DDP and FSDP, no effect on training, one record per evaluated step across a resume, and bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from spotray import ledger
+from spotray.evaluation import rank_batches, sample_ids
+from spotray.export import ExportError, export
+from spotray.infra.cli import main
+from spotray.loop import run_root
+from tests.training.configs import make_config
+from tests.training.runs import train_locally
+
+EVAL = ("eval.every_steps=10", "eval.samples=37")  # 37: no world size here divides it, so ranks pad
+
+
+def test_sample_ids_spread_over_the_set_from_no_rng():
+    assert sample_ids(100, 4) == [0, 25, 50, 75]
+    assert sample_ids(10, 10) == list(range(10))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_every_rank_runs_the_same_number_of_passes_and_each_id_is_evaluated_once(world_size):
+    ids = sample_ids(1000, 37)
+    per_rank = [rank_batches(ids, rank, world_size, batch=4) for rank in range(world_size)]
+    assert len({len(batches) for batches in per_rank}) == 1
+    evaluated = sorted(i for batches in per_rank for batch in batches for i in batch)
+    assert evaluated == sorted(ids)
+
+
+def eval_worker(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
+    """For each config: builds the seeded model, evaluates it, and checks what the evaluation left behind."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from spotray.config import from_dict
+    from spotray.evaluation import Evaluator
+    from spotray.loop import WorkerEnv, build_parts, param_sha256
+
+    results = []
+    for config in configs:
+        cfg = from_dict(config)
+        env = WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None)
+        parts = build_parts(cfg, env)
+        before = param_sha256(parts.model)
+        evaluate = Evaluator(cfg, parts.task, parts.task.open_val_dataset(), rank, world_size, env.device)
+        results.append({"metrics": evaluate(parts.model), "unchanged": param_sha256(parts.model) == before,
+                        "sharded": all(isinstance(p, DTensor) for p in parts.model.parameters()),
+                        "training": parts.model.training})
+    return results
+
+
+def test_one_and_two_workers_ddp_and_fsdp_report_the_same_val_loss_on_the_same_model(split_dataset_url, tmp_path):
+    from spotray.drills.process_group import run_on_process_group
+
+    def config(workers: int, parallel: str) -> dict:
+        return make_config(split_dataset_url, str(tmp_path), "eval", f"scaling.num_workers={workers}",
+                           f"parallel={parallel}", *EVAL).to_dict()
+
+    [one] = eval_worker(0, 1, [config(1, "ddp")])  # in this process, without a process group
+    two, fsdp = run_on_process_group(eval_worker, ([config(2, "ddp"), config(2, "fsdp")],), 2)
+    assert one["unchanged"] and two["unchanged"] and fsdp["unchanged"]
+    assert one["training"] and two["training"] and fsdp["training"]  # back in training mode
+    assert fsdp["sharded"]  # FSDP2's parameters resharded after the forward passes
+    assert set(one["metrics"]) == {"val_loss", "val_perplexity"}
+    for result in (two, fsdp):
+        assert result["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_evaluation_leaves_training_bitwise_unchanged(parallel, split_dataset_url, tmp_path):
+    common = (f"parallel={parallel}", "checkpoint.keep_best=true", "checkpoint.keep_last=1")
+    off = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-off", f"parallel={parallel}"))
+    on = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-on", *common, *EVAL))
+    assert on["losses"] == off["losses"]
+    assert on["param_sha256"] == off["param_sha256"]
+    assert sorted(int(s) for s in on["evals"]) == [10, 20, 30, 40]
+    assert on["val_loss"] == on["evals"]["40"]["val_loss"] and off["evals"] == {} and off["val_loss"] is None
+    best = min(on["evals"], key=lambda s: on["evals"][s]["val_loss"])
+    assert on["best"]["step"] == int(best) and on["best"]["url"] in on["checkpoints"]
+    assert export(f"{tmp_path}/eval-on", str(tmp_path / "best"), best=True)["step"] == int(best)
+    with pytest.raises(ExportError, match="--best: no committed checkpoint of .* has a validation loss"):
+        export(f"{tmp_path}/eval-off", str(tmp_path / "none"), best=True)
+
+
+def test_a_resumed_run_does_not_evaluate_a_recorded_step_again(split_dataset_url, tmp_path):
+    cfg = make_config(split_dataset_url, str(tmp_path), "resumed", *EVAL)
+    train_locally(make_config(split_dataset_url, str(tmp_path), "resumed", *EVAL, "train.stop_at_step=20"))
+    summary = train_locally(cfg)
+    attempts = run_root(cfg).child("attempts")
+    first, second = ledger.read_attempts(attempts)
+    assert sorted(ledger.read_evals(attempts, first.attempt_id)) == [10, 20]
+    assert sorted(ledger.read_evals(attempts, second.attempt_id)) == [30, 40]  # step 20 was not evaluated again
+    assert sorted(ledger.lineage_evals(attempts)) == [10, 20, 30, 40] and summary["time"]["seconds"]["eval"] > 0
+
+
+def bad_run(tmp_path, capsys, data: str, *overrides: str) -> str:
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps({"data": {"path": data}, "checkpoint": {"path": str(tmp_path / "ckpt")}}))
+    assert main(["train", "--config", str(config), *[a for o in overrides for a in ("--set", o)]]) == 2
+    assert not (tmp_path / "ckpt").exists()  # nothing written
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_more_eval_samples_than_the_val_set_holds_is_one_line(split_dataset_url, tmp_path, capsys):
+    line = bad_run(tmp_path, capsys, split_dataset_url, "eval.every_steps=10", "eval.samples=1000000")
+    assert "eval.samples" in line and "lower it to at most" in line
+
+
+def test_evaluation_without_a_val_set_is_one_line(dataset_url, tmp_path, capsys):
+    line = bad_run(tmp_path, capsys, dataset_url, "eval.every_steps=10")
+    assert "data.val_path" in line and "--val-fraction" in line
+
+
+def test_a_val_set_of_another_tokenizer_is_one_line(split_dataset_url, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(f"{split_dataset_url}/val", other)
+    record = json.loads((other / "index.json").read_text())
+    record["tokenizer"] = "another-tokenizer"
+    (other / "index.json").write_text(json.dumps(record))
+    line = bad_run(tmp_path, capsys, split_dataset_url, "eval.every_steps=10", f"data.val_path={other}")
+    assert "data.val_path" in line and "another-tokenizer" in line

@@ -1,0 +1,69 @@
+"""Each rank's memory: host RSS now and at its peak, and on CUDA the caching allocator's peaks."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+
+import torch
+import torch.distributed as dist
+
+KINDS = ("rss_bytes", "peak_rss_bytes", "cuda_allocated_peak_bytes", "cuda_reserved_peak_bytes")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def this_rank(device: torch.device) -> dict[str, int | None]:
+    """This process's figures by ``KINDS``; the CUDA ones None off CUDA."""
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    cuda = device.type == "cuda"
+    return {"rss_bytes": _current_rss() or peak_rss, "peak_rss_bytes": peak_rss,
+            "cuda_allocated_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+            "cuda_reserved_peak_bytes": torch.cuda.max_memory_reserved(device) if cuda else None}
+
+
+def all_ranks(device: torch.device) -> dict[str, list[int] | None]:
+    """Every rank's figures, rank order, by kind (a collective); a kind no rank has is None."""
+    mine = this_rank(device)
+    local = torch.tensor([math.nan if mine[k] is None else float(mine[k]) for k in KINDS], dtype=torch.float64,
+                         device=device)
+    rows = [local]
+    if dist.is_initialized():
+        rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, local)
+    columns = torch.stack(rows).T.tolist()
+    return {kind: None if any(math.isnan(v) for v in values) else [int(v) for v in values]
+            for kind, values in zip(KINDS, columns, strict=True)}
+
+
+def describe(figures: dict[str, int | None]) -> str:
+    """One rank's figures for a console line."""
+    parts = [f"host RSS {_gib(figures['rss_bytes'])}, peak {_gib(figures['peak_rss_bytes'])}"]
+    if figures["cuda_allocated_peak_bytes"] is not None:
+        parts.append(f"CUDA allocated peak {_gib(figures['cuda_allocated_peak_bytes'])}, reserved peak "
+                     f"{_gib(figures['cuda_reserved_peak_bytes'])}")
+    return "; ".join(parts)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _current_rss() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except OSError:  # not Linux
+        return None
+
+
+def highest(records: list[dict[str, list[int] | None]]) -> dict[str, dict | None] | None:
+    """Over records of ``all_ranks``: each kind's largest figure and the rank that had it; None without records."""
+    if not records:
+        return None
+    peaks: dict[str, dict | None] = {}
+    for kind in KINDS:
+        figures = [(value, rank) for record in records for rank, value in enumerate(record.get(kind) or ())]
+        top = max(figures, default=None)
+        peaks[kind] = {"max": top[0], "rank": top[1]} if top else None
+    return peaks

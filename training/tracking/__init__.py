@@ -1,0 +1,8 @@
+"""Experiment trackers (MLflow, Weights & Biases, TensorBoard): the driver logs one tracker run per spotray run,
+read from the run's ledger, so workers need no tracker library or credentials (see ``follower.py``)."""
+
+from spotray.tracking.follower import Follower
+from spotray.tracking.libraries import check_installed
+from spotray.tracking.state import read_gaps
+
+__all__ = ["Follower", "check_installed", "read_gaps"]

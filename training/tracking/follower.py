@@ -1,0 +1,126 @@
+"""The driver's thread that logs the run to its trackers, read from the ledger beside the ``ProgressMonitor``.
+
+Workers know nothing of it: they write the ledger as always, and a tracker, reachable or not, never slows a step."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from spotray import ledger
+from spotray.config import TrainConfig
+from spotray.errors import SpotrayError
+from spotray.storage import Location
+from spotray.tracking import state as tracking_state
+from spotray.tracking.channel import MAX_PENDING_POINTS, RETRY_FOR_S, Channel, Sink
+from spotray.tracking.feed import LedgerFeed, flat_params, summary_scalars
+from spotray.tracking.libraries import configured
+from spotray.tracking.mlflow_sink import MlflowSink
+from spotray.tracking.state import Cursor
+from spotray.tracking.tensorboard_sink import TensorboardSink
+from spotray.tracking.wandb_sink import WandbSink
+
+log = logging.getLogger(__name__)
+
+POLL_S = 5.0
+
+
+class Follower:
+    """Context manager around the run's ``fit``: polls the ledger every ``poll_s`` and sends each configured
+    tracker what it lacks. On a clean exit it makes a final pass, waiting up to ``retry_for_s`` for a tracker that
+    cannot be reached, and ``finish(summary)`` follows. On an exception it makes one best-effort pass and leaves the
+    tracker runs for a rerun to continue."""
+
+    def __init__(self, cfg: TrainConfig, run_root: Location, stream=None, poll_s: float = POLL_S,
+                 retry_for_s: float = RETRY_FOR_S, max_pending_points: int = MAX_PENDING_POINTS):
+        self.run_root, self.stream, self.poll_s, self.retry_for_s = run_root, stream or sys.stderr, poll_s, retry_for_s
+        names = configured(cfg.tracking)
+        self.state = tracking_state.load(run_root) if names else tracking_state.TrackingState()
+        self.channels = [Channel(name, *_tracker(cfg, name, run_root), self.state, self._warn, retry_for_s,
+                                 max_pending_points) for name in names]
+        self.feed = LedgerFeed(ledger.attempts_root(run_root), cfg.train.log_every)
+        self.params, self.max_steps = flat_params(cfg.to_dict()), cfg.train.max_steps
+        self._saved = self.state.to_json()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-tracking")
+
+    def __enter__(self) -> Follower:
+        if self.channels:
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if not self.channels:
+            return
+        self._stop.set()
+        self._thread.join()
+        if exc_type is None:
+            self._settle()
+            return
+        self.poll(final=True)
+        for channel in self.channels:
+            channel.close()
+        self._save()
+
+    def finish(self, summary: dict) -> None:
+        """After a clean exit: a run trained to ``train.max_steps`` is finished; one that stopped short of it
+        (``train.stop_at_step``) is left for a rerun to continue, as after a failure."""
+        for channel in self.channels:
+            if summary["final_step"] >= self.max_steps:
+                channel.finish(summary_scalars(summary))
+            else:
+                channel.close()
+        self._save()
+
+    def poll(self, final: bool = False) -> bool:
+        """One pass over the ledger; True when every tracker holds all of it."""
+        try:
+            snapshot = self.feed.snapshot(final)
+        except (SpotrayError, OSError, ValueError, KeyError) as exc:
+            log.info("tracking: cannot read the ledger yet: %s", exc)  # a storage hiccup: the next poll catches up
+            return False
+        done = [channel.feed(snapshot, self.params, time.time()) for channel in self.channels]
+        self._save()
+        return all(done)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.poll()
+
+    def _settle(self) -> None:
+        """The final pass; rows still unsent once their retry bound has passed are dropped into a gap."""
+        if self.poll(final=True):
+            return
+        deadline = time.time() + self.retry_for_s
+        while True:
+            time.sleep(self.poll_s)
+            now = time.time()
+            if self.poll(final=True) or now > deadline:
+                return
+
+    def _save(self) -> None:
+        text = self.state.to_json()
+        if text == self._saved:
+            return
+        try:
+            tracking_state.state_location(self.run_root).write_text(text)
+            self._saved = text
+        except SpotrayError as exc:
+            log.info("tracking: cannot write %s yet: %s", tracking_state.STATE_FILE, exc)
+
+    def _warn(self, text: str) -> None:
+        self.stream.write(f"spotray: warning: {text}\n")
+        self.stream.flush()
+
+
+def _tracker(cfg: TrainConfig, name: str, run_root: Location) -> tuple[str, Callable[[Cursor], Sink]]:
+    """Where a tracker sends to (for its warning), and how to open its run."""
+    section, run_name = getattr(cfg.tracking, name), cfg.run.name
+    if name == "mlflow":
+        return section.uri, lambda cursor: MlflowSink(section, cursor, run_name, run_root.url)
+    if name == "wandb":
+        return f"W&B project {section.project}", lambda cursor: WandbSink(section, cursor, run_name, run_root)
+    return section.dir, lambda cursor: TensorboardSink(section, cursor, run_name, run_root)
