@@ -262,11 +262,20 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         log.exception("rank %d ran out of memory", env.rank)
         error = OutOfMemory(f"rank {env.rank} ran out of memory ({memory.describe(memory.this_rank(env.device))}): "
                             "lower train.micro_batch_size or train.seq_len, or use parallel: fsdp")
-        telemetry.failed(error)
+        _record_failure(telemetry, records.writer, error)
         raise error from None
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
-        telemetry.failed(exc)
+        _record_failure(telemetry, records.writer, exc)
         raise
+
+
+FAILURE_RECORD_WAIT_S = 10.0
+
+
+def _record_failure(telemetry: Telemetry, writer: ledger.RecordWriter, exc: BaseException) -> None:
+    """Why the attempt ended, written before the worker goes (Ray may tear its process down right after)."""
+    telemetry.failed(exc)
+    writer.flush(timeout_s=FAILURE_RECORD_WAIT_S)
 
 
 def _record_model(cfg: TrainConfig, root: Location, parts: TrainingParts) -> None:

@@ -73,30 +73,28 @@ def test_one_and_two_workers_ddp_and_fsdp_report_the_same_val_loss_on_the_same_m
 
 
 @pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
-def test_evaluation_leaves_training_bitwise_unchanged(parallel, split_dataset_url, tmp_path):
-    common = (f"parallel={parallel}", "checkpoint.keep_best=true", "checkpoint.keep_last=1")
+def test_evaluation_leaves_training_bitwise_unchanged_and_a_resume_evaluates_no_step_twice(parallel,
+                                                                                          split_dataset_url, tmp_path):
+    on = ("checkpoint.keep_best=true", "checkpoint.keep_last=1", f"parallel={parallel}", *EVAL)
     off = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-off", f"parallel={parallel}"))
-    on = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-on", *common, *EVAL))
-    assert on["losses"] == off["losses"]
-    assert on["param_sha256"] == off["param_sha256"]
-    assert sorted(int(s) for s in on["evals"]) == [10, 20, 30, 40]
-    assert on["val_loss"] == on["evals"]["40"]["val_loss"] and off["evals"] == {} and off["val_loss"] is None
-    best = min(on["evals"], key=lambda s: on["evals"][s]["val_loss"])
-    assert on["best"]["step"] == int(best) and on["best"]["url"] in on["checkpoints"]
-    assert export(f"{tmp_path}/eval-on", str(tmp_path / "best"), best=True)["step"] == int(best)
-    with pytest.raises(ExportError, match="--best: no committed checkpoint of .* has a validation loss"):
-        export(f"{tmp_path}/eval-off", str(tmp_path / "none"), best=True)
+    train_locally(make_config(split_dataset_url, str(tmp_path), "eval-on", *on, "train.stop_at_step=20"))
+    cfg = make_config(split_dataset_url, str(tmp_path), "eval-on", *on)
+    resumed = train_locally(cfg)
+    assert resumed["losses"] == off["losses"]
+    assert resumed["param_sha256"] == off["param_sha256"]
 
-
-def test_a_resumed_run_does_not_evaluate_a_recorded_step_again(split_dataset_url, tmp_path):
-    cfg = make_config(split_dataset_url, str(tmp_path), "resumed", *EVAL)
-    train_locally(make_config(split_dataset_url, str(tmp_path), "resumed", *EVAL, "train.stop_at_step=20"))
-    summary = train_locally(cfg)
     attempts = run_root(cfg).child("attempts")
     first, second = ledger.read_attempts(attempts)
     assert sorted(ledger.read_evals(attempts, first.attempt_id)) == [10, 20]
     assert sorted(ledger.read_evals(attempts, second.attempt_id)) == [30, 40]  # step 20 was not evaluated again
-    assert sorted(ledger.lineage_evals(attempts)) == [10, 20, 30, 40] and summary["time"]["seconds"]["eval"] > 0
+    assert sorted(int(s) for s in resumed["evals"]) == [10, 20, 30, 40] and resumed["time"]["seconds"]["eval"] > 0
+    assert resumed["val_loss"] == resumed["evals"]["40"]["val_loss"] and off["evals"] == {} and off["val_loss"] is None
+
+    best = min(resumed["evals"], key=lambda s: resumed["evals"][s]["val_loss"])
+    assert resumed["best"]["step"] == int(best) and resumed["best"]["url"] in resumed["checkpoints"]
+    assert export(f"{tmp_path}/eval-on", str(tmp_path / "best"), best=True)["step"] == int(best)
+    with pytest.raises(ExportError, match="--best: no committed checkpoint of .* has a validation loss"):
+        export(f"{tmp_path}/eval-off", str(tmp_path / "none"), best=True)
 
 
 def bad_run(tmp_path, capsys, data: str, *overrides: str) -> str:
