@@ -3,7 +3,9 @@ settings, shared by the Pulumi component, ``spotray render`` and ``spotray submi
 
 Shape: the head on the on-demand core pool with ``num-cpus: "0"`` (it schedules, never trains); one worker
 group on a GPU spot pool, as many workers as ``scaling.num_workers`` (fixed size: DDP/FSDP need them all);
-each worker's Ray resources equal its container's, so Ray never hands out a GPU the pod does not have."""
+each worker's Ray resources equal its container's, so Ray never hands out a GPU the pod does not have. Every Ray pod
+gets a local scratch ``emptyDir`` at ``LOCAL_DIR`` (``SPOTRAY_LOCAL_DIR``) for Hugging Face Trainer output dirs and
+downloaded checkpoints."""
 
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ CONFIG_DIR = "/etc/spotray"
 CONFIG_FILE = "train.yaml"
 DRAIN_MARGIN_S = 20  # of the spot notice, kept for the pod to stop after Ray's drain deadline
 HEAD_CPUS, HEAD_MEMORY_GIB = 2, 8  # the head schedules and serves the dashboard; it never trains
+LOCAL_DIR = "/local"  # each Ray pod's scratch emptyDir (HF Trainer output dirs, downloaded checkpoints)
+LOCAL_ENV = "SPOTRAY_LOCAL_DIR"
+# Its sizeLimit: a worker may fill a GPU node's root volume (the EC2NodeClass's 200 GiB); the head, on a shared core
+# node, keeps to a little. Past it the kubelet evicts the pod.
+WORKER_LOCAL_DISK_GIB, HEAD_LOCAL_DISK_GIB = 200, 20
 PRE_RUNNING_DEADLINE_S = 1800  # give up if spot capacity never comes
 _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -171,6 +178,18 @@ def worker_resources(job: TrainingJobConfig) -> dict:
     return _resources(job.cpus_per_worker, job.memory_gib_per_worker, job.gpus_per_worker)
 
 
+def _local_volume(disk_gib: int) -> dict:
+    return {"name": "local", "emptyDir": {"sizeLimit": f"{disk_gib}Gi"}}
+
+
+def _local_mount() -> dict:
+    return {"name": "local", "mountPath": LOCAL_DIR}
+
+
+def _local_var() -> dict:
+    return {"name": LOCAL_ENV, "value": LOCAL_DIR}
+
+
 def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
     return {
         "serviceType": "ClusterIP",  # 6379, 8265 and 10001 stay inside the cluster
@@ -181,13 +200,14 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
                 "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
                 "nodeSelector": CORE_SELECTOR,
                 "containers": [{
-                    "name": "ray-head", "image": settings.image, "env": env,
+                    "name": "ray-head", "image": settings.image, "env": [*env, _local_var()],
                     "resources": _resources(HEAD_CPUS, HEAD_MEMORY_GIB),
                     "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}, *METRICS_PORTS["head"]],
-                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, _local_mount()],
                 }],
-                "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}}],
+                "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
+                            _local_volume(HEAD_LOCAL_DISK_GIB)],
             },
         },
     }
@@ -211,11 +231,13 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                 "terminationGracePeriodSeconds": SPOT_NOTICE_S,
                 "containers": [{
                     "name": "ray-worker", "image": settings.image,
-                    "env": [*env, {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
-                                   "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
+                    "env": [*env, _local_var(), {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
+                                               "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
                     "resources": worker_resources(job),
                     "ports": METRICS_PORTS["worker"],
+                    "volumeMounts": [_local_mount()],
                 }],
+                "volumes": [_local_volume(WORKER_LOCAL_DISK_GIB)],
             },
         },
     }

@@ -60,6 +60,7 @@ COMMIT_MARKER = "COMMITTED.json"
 SET_ASIDE_DIR = "set-aside"
 SET_ASIDE_RECORD = "SET_ASIDE.json"
 _FORMAT = "spotray-checkpoint"
+FILES_FORMAT = "spotray-files"  # a user script's own files (``spotray.commit``): restored by the script, not by DCP
 _DATA_SUFFIX = ".distcp"
 _METADATA = ".metadata"
 
@@ -73,6 +74,12 @@ class CommittedCheckpoint:
     committed_at: float  # UNIX time of its commit marker
     damage: str | None = None  # why its commit marker cannot be read, for one listed with ``damaged=True``
     val_loss: float | None = None  # the validation loss of its step, where the run evaluated before saving it
+    format: str = _FORMAT  # or FILES_FORMAT
+
+    @property
+    def is_files(self) -> bool:
+        """A script's files (``spotray.commit``), not a DCP state dict."""
+        return self.format == FILES_FORMAT
 
     @property
     def url(self) -> str:
@@ -335,6 +342,11 @@ class Checkpointer:
         return _broadcast(value, self._group)
 
     @property
+    def group(self):
+        """The gloo group of checkpoint collectives (None without a process group)."""
+        return self._group
+
+    @property
     def failed_saves(self) -> int:
         return self.failures.failed_saves
 
@@ -351,7 +363,7 @@ class Checkpointer:
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
-        writer = _CommittingWriter(location, marker, on_commit=lambda: self._schedule_retention(step))
+        writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step))
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
@@ -426,7 +438,7 @@ class Checkpointer:
                         "(%d failed in a row over %.0fs, budget %gs); nothing partial is ever resumed from", step,
                         reason, budget.retry_at, budget.in_a_row, failing_for, budget.budget_s)
 
-    def _schedule_retention(self, committed_step: int) -> None:
+    def schedule_retention(self, committed_step: int) -> None:
         """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""
         self._written.add(committed_step)
         self._retention.submit(self._apply_retention, max(self._written))
@@ -474,11 +486,14 @@ class Checkpointer:
         ``candidates`` is ``committed()`` when the caller has listed them already.
         """
         candidates = self.committed() if candidates is None else candidates
+        if candidates and candidates[0].is_files:
+            raise CheckpointError(f"{self.root.url} holds a training script's checkpoints (spotray train --script): "
+                                  "resume it with the same --script, or train this config under a new run.name")
         unreadable: list[tuple[CommittedCheckpoint, str]] = []
         for candidate in candidates:
             reason = candidate.damage or self._load(candidate, state, per_rank_keys, prefetch)
             if reason is None:
-                self._start_lineage(candidate.step, unreadable)
+                self.start_lineage(candidate.step, unreadable)
                 self.last_committed = candidate
                 return candidate
             log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
@@ -487,7 +502,7 @@ class Checkpointer:
             steps = "; ".join(f"step {c.step}: {reason}" for c, reason in unreadable)
             raise CheckpointError(f"no committed checkpoint under {self.root.url} could be read ({steps}): "
                                   "restore them or start a new run.name")
-        self._start_lineage(0, [])
+        self.start_lineage(0, [])
         return None
 
     def _load(self, candidate: CommittedCheckpoint, state: dict, per_rank_keys: tuple[str, ...],
@@ -503,7 +518,7 @@ class Checkpointer:
             causes = [reader.metadata_error] if reader.metadata_error else _causes(exc)
             # Only what the bytes themselves show (damage, a missing file) on every rank is a reason to go back to
             # an older checkpoint: an outage or an unexpected error must not cost the newest one its place.
-            verdicts = _all_gather((_first_line(causes[0]), all(isinstance(c, (CheckpointError, NotFound))
+            verdicts = all_gather_objects((_first_line(causes[0]), all(isinstance(c, (CheckpointError, NotFound))
                                                                 for c in causes)), self._group)
             reason = verdicts[0][0]
             if not all(damaged for _, damaged in verdicts):
@@ -512,7 +527,7 @@ class Checkpointer:
             return reason
         return None
 
-    def _start_lineage(self, step: int, unreadable: list[tuple[CommittedCheckpoint, str]]) -> None:
+    def start_lineage(self, step: int, unreadable: list[tuple[CommittedCheckpoint, str]]) -> None:
         """This attempt resumes from ``step``: the checkpoints above it that could not be read are set aside
         before anything is saved (rank 0 moves them; every rank learns whether that worked)."""
         self.resumed_from = step
@@ -635,7 +650,8 @@ def list_committed(root: Location, warn: bool = True, damaged: bool = False) -> 
                             COMMIT_MARKER)
             continue
         found.append(CommittedCheckpoint(step, location, int(marker["world_size"]), marker["files"],
-                                         float(marker.get("committed_at", 0.0)), val_loss=marker.get("val_loss")))
+                                         float(marker.get("committed_at", 0.0)), val_loss=marker.get("val_loss"),
+                                         format=marker["format"]))
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
@@ -649,7 +665,8 @@ def _read_marker(location: Location) -> dict | None:
     except (ValueError, UnicodeDecodeError):
         marker = None
     required = {"step", "world_size", "files", "format"}
-    if not isinstance(marker, dict) or not required <= marker.keys() or marker["format"] != _FORMAT:
+    if not isinstance(marker, dict) or not required <= marker.keys() or marker["format"] not in (_FORMAT,
+                                                                                                FILES_FORMAT):
         raise CheckpointError(f"{marker_loc.url} is damaged: not a {_FORMAT} commit marker")
     return marker
 
@@ -679,7 +696,7 @@ def _broadcast(obj, group):
     return box[0]
 
 
-def _all_gather(value, group) -> list:
+def all_gather_objects(value, group) -> list:
     if not dist.is_initialized():
         return [value]
     gathered = [None] * dist.get_world_size(group)

@@ -59,11 +59,20 @@ def _cmd_train(args: argparse.Namespace) -> None:
     overrides = list(args.set or [])
     if args.audit_dir:
         overrides.append(f"audit_dir={args.audit_dir}")
-    cfg = config.load(args.config, overrides)
+    if (args.script_args or args.debug) and not args.script:
+        extra = "--debug" if args.debug else f"the arguments {' '.join(args.script_args)}"
+        raise SpotrayError(f"{extra}: only with --script FILE (a script's arguments follow `--script FILE --`)")
+    script = {"script": {"path": args.script, "args": args.script_args, "debug": args.debug}} if args.script else {}
+    cfg = config.load(args.config, overrides, base=script)
+    if args.script:
+        from spotray.script import with_script
+
+        cfg = with_script(cfg, args.script)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the log file keeps every rank's lines, as they come
     from spotray import launch  # Ray and torch load only once the config is known to be valid
     from spotray.console import RunConsole
     from spotray.errors import TrainingFailed
+    from spotray.script import ScriptFailed
 
     task = launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before any log file
     console = RunConsole(launch.log_location(cfg), verbose=args.verbose)
@@ -75,6 +84,8 @@ def _cmd_train(args: argparse.Namespace) -> None:
                 summary = launch.run(cfg, worker_logs=not args.no_worker_logs, console=console.stream, task=task)
             finally:
                 launch.leave_ray()  # inside: Ray's last words go to the log too
+    except ScriptFailed as exc:  # rank N: ExceptionType: message
+        raise ScriptFailed(f"{exc} (log: {console.where})") from exc
     except TrainingFailed as exc:
         raise TrainingFailed(f"{exc} (the full log: {console.where})") from exc
     if args.summary_json:
@@ -102,8 +113,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     result = export(args.run_url, args.out, step=args.step, best=args.best,
                     options=StorageOptions(endpoint_url=args.endpoint_url),
                     max_shard_bytes=int(args.max_shard_gb * 1024**3))
-    extras = "".join(f" + {name}" for name, present in (("config.json", result["config"]),
-                                                        ("tokenizer.json", result["tokenizer"])) if present)
+    extras = "".join(f" + {name}" for name in (["config.json"] if result["config"] else []) + result["tokenizer"])
     print(f"exported step {result['step']} to {result['out']}: {', '.join(result['files'])}{extras}")
 
 
@@ -167,6 +177,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="show everything on the terminal: Ray's lines and every worker's (default: in the log file)")
     p.add_argument("--no-worker-logs", action="store_true",
                    help="do not collect the workers' output, not even in the log file")
+    p.add_argument("--script", metavar="FILE",
+                   help="run your own training script on every worker instead of spotray's loop (README, 'Your "
+                        "existing script'); its folder is shipped unless runtime.working_dir is set")
+    p.add_argument("--debug", action="store_true",
+                   help="with --script: a worker whose script raises waits for Ray's debugger (README)")
+    p.add_argument("script_args", nargs="*", metavar="-- ARG", help="the script's arguments, after --")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("status", help="where a run stands, live or finished: steps, loss, checkpoints, goodput")
@@ -196,7 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
                                      "goodput", "tracking"])
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--storage", default="local,s3", help="checkpoint, recovery benches: any of local,s3")
+    p.add_argument("--storage", default=None,
+                   help="checkpoint, recovery benches: any of local,s3 (default: both; recovery --script: s3)")
     p.add_argument("--s3-endpoint", help="S3 endpoint to benchmark (default: a moto server on loopback)")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps (throughput, goodput, tracking), saves (checkpoint), or the checkpoint "
@@ -213,6 +230,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault", choices=["kill", "notice"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
                         "or notice (spotray's recovery from a notice against from a kill, timed from the fault)")
+    p.add_argument("--script", action="store_true",
+                   help="recovery bench: a Hugging Face Trainer script (spotray train --script) against the same "
+                        "script with Ray's RayTrainReportCallback, on S3 (--storage s3, --fault kill)")
     p.set_defaults(func=_cmd_bench)
 
 

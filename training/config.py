@@ -44,12 +44,10 @@ class RunSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    path: str = ""
+    path: str = ""  # required, except for a script (script.path), which reads its own data
     val_path: str | None = None  # a prepared dataset to evaluate on; unset: <path>/val where prepare wrote one
 
     def __post_init__(self):
-        _require(bool(self.path), "data.path", "is required",
-                 "run `spotray prepare --output URL` and set data.path=URL")
         _require(self.val_path != "", "data.val_path", "is empty",
                  "give a prepared dataset's URL, or leave it out for <data.path>/val")
 
@@ -254,6 +252,27 @@ class TrackingSection:
 
 
 @dataclass(frozen=True)
+class ScriptSection:
+    """A user's own training script run on every worker (``spotray train --script``) instead of spotray's loop."""
+
+    path: str | None = None  # the script, relative to runtime.working_dir where that is set
+    args: list = field(default_factory=list)  # its command-line arguments (after ``--``)
+    # Node-local scratch for restored checkpoints and the Trainer's output_dir; unset: $SPOTRAY_LOCAL_DIR (the
+    # RayJob's volume), else the system's temporary directory.
+    local_dir: str | None = None
+    # Resume a checkpoint saved by another number of workers: the Trainer's per-rank RNG files then do not match.
+    allow_world_size_change: bool = False
+    debug: bool = False  # Ray's post-mortem debugger on the workers (spotray train --debug)
+
+    def __post_init__(self):
+        _require(self.path != "", "script.path", "is empty", "give the script's file, e.g. finetune.py")
+        _require(all(isinstance(a, str) for a in self.args), "script.args",
+                 f"must be a list of strings, got {self.args!r}", "quote numbers, e.g. ['--epochs', '3']")
+        _require(self.local_dir != "", "script.local_dir", "is empty",
+                 "give a node-local directory, or leave it out for $SPOTRAY_LOCAL_DIR")
+
+
+@dataclass(frozen=True)
 class StorageSection:
     endpoint_url: str | None = None
     region: str | None = None
@@ -343,10 +362,15 @@ class TrainConfig:
     env: EnvSection = field(default_factory=EnvSection)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
+    script: ScriptSection = field(default_factory=ScriptSection)
     audit_dir: str | None = None
 
     def __post_init__(self):
         _require(self.parallel in ("ddp", "fsdp"), "parallel", f"unknown value '{self.parallel}'", "use ddp or fsdp")
+        if self.script.path:
+            return  # the script owns its data and batches
+        _require(bool(self.data.path), "data.path", "is required",
+                 "run `spotray prepare --output URL` and set data.path=URL")
         workers, batch = self.scaling.num_workers, self.train.global_batch_size
         _require(workers <= batch, "scaling.num_workers",
                  f"{workers} workers exceed train.global_batch_size={batch}",

@@ -13,6 +13,7 @@ import torch
 
 from spotray import weights_file
 from spotray.checkpoint import (
+    FILES_FORMAT,
     CommittedCheckpoint,
     best_checkpoint,
     checkpoints_root,
@@ -22,11 +23,14 @@ from spotray.checkpoint import (
     model_tensors,
     read_model_record,
 )
+from spotray.data.hf_byte_tokenizer import byte_tokenizer_files
+from spotray.data.tokenizer import ByteTokenizer
 from spotray.errors import CheckpointError, SpotrayError
 from spotray.storage import Location, StorageOptions, resolve
 from spotray.tasks.gpt import to_gpt2
 
 RENAMES = {"gpt": to_gpt2}
+BUILT_IN_TASKS = ("gpt", "hf")  # trained on a prepared dataset: a tokenizer.json copied from it, or bytes
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
 
@@ -41,6 +45,10 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     ``run_url`` to ``out``; returns a summary."""
     run_root = resolve(run_url, options)
     checkpoint = _pick_best(run_root) if best else _pick(run_root, step)
+    if checkpoint.is_files:
+        raise ExportError(f"checkpoint step {checkpoint.step} holds a training script's own files ({FILES_FORMAT}), "
+                          "not spotray's: its script saves the model (e.g. trainer.save_model), or copy "
+                          f"{checkpoint.location.child('files').url} as it is")
     record, tokenizer = read_model_record(run_root)
     if record is None:
         raise ExportError(f"{run_url} records no model description (checkpoints/model.json): it was trained by an "
@@ -51,12 +59,19 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     names = _shards(model_tensors(checkpoint), max_shard_bytes)
     rename = RENAMES[record["rename"]] if record.get("rename") else dict
     files = _write_weights(checkpoint, names, rename, out_dir)
-    if record.get("hf_config"):
-        out_dir.child("config.json").write_text(json.dumps(record["hf_config"], indent=2, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        out_dir.child("tokenizer.json").write_bytes(tokenizer)
-    return {"step": checkpoint.step, "out": out, "files": files, "config": bool(record.get("hf_config")),
-            "tokenizer": tokenizer is not None}
+    hf_config = record.get("hf_config")
+    tokenizer_files = {"tokenizer.json": tokenizer} if tokenizer is not None else {}
+    if tokenizer is None and hf_config and record.get("task") in BUILT_IN_TASKS:
+        # No tokenizer.json was copied from the dataset: it was prepared with the byte tokenizer.
+        tokenizer_files = byte_tokenizer_files()
+        eot = ByteTokenizer.eot_token
+        hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
+    if hf_config:
+        out_dir.child("config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    for name, data in tokenizer_files.items():
+        out_dir.child(name).write_bytes(data)
+    return {"step": checkpoint.step, "out": out, "files": files, "config": bool(hf_config),
+            "tokenizer": list(tokenizer_files)}
 
 
 def _pick(run_root: Location, step: int | None) -> CommittedCheckpoint:

@@ -16,7 +16,7 @@ import ray.train
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from spotray import evaluation, goodput, ledger, memory
+from spotray import evaluation, goodput, ledger, memory, script
 from spotray.capacity import group_fits, resources_text, worker_group_placement
 from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
@@ -43,7 +43,10 @@ def ray_train_fn(config: dict) -> None:
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
                     ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes))
-    train(cfg, env)
+    if cfg.script.path:
+        script.run_on_worker(cfg, env)
+    else:
+        train(cfg, env)
 
 
 def _worker_logging() -> None:
@@ -75,10 +78,14 @@ def failure_config(cfg: TrainConfig) -> FailureConfig:
                          max_preemption_failures=cfg.fault_tolerance.max_preemptions)
 
 
-def preflight(cfg: TrainConfig) -> Task:
+def preflight(cfg: TrainConfig) -> Task | None:
     """Fail fast on the driver before any worker starts: every configured tracker's library imports, and the task
-    loads and opens its dataset (for the built-in tasks: the dataset index and the model config only)."""
+    loads and opens its dataset (for the built-in tasks: the dataset index and the model config only), or the
+    script is there (None: a script has no task)."""
     check_installed(cfg.tracking)
+    if cfg.script.path:
+        script.preflight(cfg, run_root(cfg))
+        return None
     task = load_task(cfg)
     task.open_dataset()
     if cfg.evaluates:
@@ -92,6 +99,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     the caller ran it."""
     cfg = with_absolute_paths(cfg)
     task = task or preflight(cfg)
+    tokens_per_step = units_per_step(cfg, task) if task else 0
     root = run_root(cfg)
     runtime_env = worker_runtime_env(cfg, root)  # refuses an oversized working dir before Ray starts
     _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
@@ -99,7 +107,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     ledger.mark_run_started(attempts)
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     try:
-        with ProgressMonitor(attempts, units_per_step(cfg, task), stream=console,
+        with ProgressMonitor(attempts, tokens_per_step, stream=console,
                              placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
             while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
@@ -118,8 +126,12 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
             f"training run '{cfg.run.name}' lost its Ray cluster ({root_cause(exc)[:120]}); run the same command "
             f"again, on a new cluster if need be, to resume from {resume}") from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
-        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {root_cause(exc)}") from exc
-    summary = summarize(cfg, len(task.open_dataset()), root)
+        cause = root_cause(exc)
+        failed_script = f"{script.ScriptFailed.__module__}.{script.ScriptFailed.__name__}: "
+        if cause.startswith(failed_script):
+            raise script.ScriptFailed(cause.removeprefix(failed_script)) from exc
+        raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
+    summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
 
@@ -127,7 +139,8 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
     """What ``spotray train`` says first: the run, where it trains, where its checkpoints and log go."""
     scaling, root = cfg.scaling, run_root(with_absolute_paths(cfg))
-    return [f"run {cfg.run.name}: {cfg.train.max_steps} steps on {scaling.num_workers} workers "
+    what = f"script {cfg.script.path}" if cfg.script.path else f"{cfg.train.max_steps} steps"
+    return [f"run {cfg.run.name}: {what} on {scaling.num_workers} workers "
             f"({resources_text(scaling.worker_resources)} each, "
             f"{cfg.parallel.upper()} over {scaling.backend}); checkpoints in {checkpoints_root(root).url}",
             f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
@@ -141,6 +154,8 @@ def log_location(cfg: TrainConfig) -> Location:
 def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
     """One Ray Train run of the loop; True where its last attempt ended to move on a preemption notice."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
+    if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
+        os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.to_dict(),

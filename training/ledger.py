@@ -184,7 +184,7 @@ class LossLog:
         self.losses: dict[int, float] = {}
         self.lines: dict[int, str] = {}
 
-    def record(self, step: int, loss: float, seconds: float, lr: float | None = None,
+    def record(self, step: int, loss: float | None, seconds: float, lr: float | None = None,
                grad_norm: float | None = None) -> None:
         self.losses[step] = loss
         self.lines[step] = json.dumps({"step": step, "loss": loss, "s": round(seconds, 6), "lr": lr, "gn": grad_norm})
@@ -233,7 +233,7 @@ class AuditLog:
 @dataclass(frozen=True)
 class StepRecord:
     attempt_id: str
-    loss: float
+    loss: float | None  # None: a script reported the step's time, not its loss
     seconds: float
     lr: float | None = None
     grad_norm: float | None = None
@@ -241,7 +241,7 @@ class StepRecord:
 
 def read_steps(root: Location, attempt_id: str) -> dict[int, StepRecord]:
     """step -> what one attempt recorded for it (empty if it recorded nothing)."""
-    return {step: StepRecord(attempt_id, float(r["loss"]), float(r.get("s", 0.0)), r.get("lr"), r.get("gn"))
+    return {step: StepRecord(attempt_id, r["loss"], float(r.get("s", 0.0)), r.get("lr"), r.get("gn"))
             for step, r in _read_jsonl(root, attempt_id, _LOSSES_FILE).items()}
 
 
@@ -294,8 +294,8 @@ def continue_lineage(steps: dict[int, T], from_step: int, trained: dict[int, T])
 
 
 def lineage_losses(root: Location) -> dict[int, float]:
-    """step -> loss of the final model's history."""
-    return {step: record.loss for step, record in lineage(root).items()}
+    """step -> loss of the final model's history (the steps that recorded one)."""
+    return {step: record.loss for step, record in lineage(root).items() if record.loss is not None}
 
 
 def lineage_sample_ids(audit_root: Location) -> dict[int, list[int]]:

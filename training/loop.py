@@ -22,11 +22,12 @@ from torch.distributed.tensor import DTensor
 
 from spotray import ledger, memory
 from spotray.batches import split, to_device
+from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
 from spotray.evaluation import Evaluator
-from spotray.interval import CheckpointInterval, PreemptionChecks, nominal_every_steps
+from spotray.interval import nominal_every_steps
 from spotray.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.parallel import gradient_sync, parallelize
 from spotray.sampler import ElasticSampler
@@ -234,7 +235,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     """Train to ``cfg.train.max_steps``, resuming from the newest committed checkpoint. Returns final metrics."""
     entered_at = time.time()
     root = run_root(cfg)
-    attempt_id = _shared_attempt_id()
+    attempt_id = shared_attempt_id()
     checkpointer = Checkpointer(root, rank=env.rank, world_size=env.world_size, keep_last=cfg.checkpoint.keep_last,
                                 keep_best=cfg.checkpoint.keep_best, async_save=cfg.checkpoint.async_save,
                                 failure_budget_s=cfg.checkpoint.save_failure_budget_s,
@@ -249,7 +250,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
                                            candidates=candidates)
     restore_s = time.time() - restore_started
     _seed_after_restore(cfg, env, parts.progress.step, restored)
-    records = _open_records(cfg, env, root, attempt_id, parts.progress.step)
+    records = open_records(cfg, env, root, attempt_id, parts.progress.step)
     telemetry = _telemetry(cfg, env, records, entered_at, parts)
     telemetry.started(restore_started - entered_at, restore_s)
     try:
@@ -299,7 +300,7 @@ def _seed_after_restore(cfg: TrainConfig, env: WorkerEnv, step: int, restored: C
 
 
 @dataclass(frozen=True)
-class _Records:
+class Records:
     """This attempt's ledger entries."""
 
     attempt: ledger.AttemptInfo
@@ -309,7 +310,7 @@ class _Records:
     audit: ledger.AuditLog | None
 
 
-def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> _Records:
+def open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> Records:
     attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch)
     attempts_root = root.child("attempts")
     writer = ledger.RecordWriter()
@@ -321,10 +322,10 @@ def _open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: 
             ledger.write_attempt(audit_root, attempt)
     if env.rank == 0:
         ledger.write_attempt(attempts_root, attempt)
-    return _Records(attempt, attempts_root, writer, ledger.LossLog(attempts_root, attempt.attempt_id, writer), audit)
+    return Records(attempt, attempts_root, writer, ledger.LossLog(attempts_root, attempt.attempt_id, writer), audit)
 
 
-def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: _Records, entered_at: float,
+def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: Records, entered_at: float,
                parts: TrainingParts) -> Telemetry:
     if env.rank != 0:
         return Telemetry()
@@ -339,7 +340,7 @@ class _StepLoop:
     """One attempt's steps, and what happens at three cadences: a log line, a checkpoint, a preemption check."""
 
     def __init__(self, cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointer: Checkpointer,
-                 records: _Records, telemetry: Telemetry):
+                 records: Records, telemetry: Telemetry):
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
@@ -347,10 +348,7 @@ class _StepLoop:
         self.prefetch = _Prefetcher(parts.dataset)
         self.pending_losses: list[tuple[int, StepResult, float]] = []
         self.timed_steps, self.timed_seconds, self.last_step_s = 0, 0.0, 0.0
-        self.interval = CheckpointInterval(cfg.checkpoint.every_steps,
-                                           cfg.fault_tolerance.interruptions_per_hour, self.last_step,
-                                           parts.progress.step)
-        self.preemption_checks = PreemptionChecks(cfg.fault_tolerance.preemption_check_every_steps)
+        self.cadence = Cadence(cfg, self.last_step, parts.progress.step, env.device, env.preemption_deadline)
         self.evaluator = (Evaluator(cfg, parts.task, parts.task.open_val_dataset(), env.rank, env.world_size,
                                     env.device) if cfg.evaluates else None)
         self.val_losses: dict[int, float] = {}  # this attempt's evaluations, for the checkpoints' commit markers
@@ -361,13 +359,12 @@ class _StepLoop:
             step = self._train_step()
             if step % cfg.train.log_every == 0 or step == self.last_step:
                 self._log(step)
-            saving = self.interval.due(step) or self.checkpointer.retry_due(step)
+            saving = self.cadence.save_due(step, self.checkpointer.retry_due(step))
             if self._eval_due(step, saving):
                 self._evaluate(step)
             if saving:
                 self._checkpoint(step)
-            if self.preemption_checks.due(step) and step < self.last_step:
-                self._check_preemption(step)
+            self._check_preemption(step)
         self._commit_final()
         return self._finish()
 
@@ -426,9 +423,7 @@ class _StepLoop:
         committed = self.checkpointer.save(step, self.parts.state, val_loss=self.val_losses.get(step))
         blocked = time.perf_counter() - started
         self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
-        measured = (blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
-        self.interval.checkpointed(step, *(_slowest_rank(measured, self.env.device) if self.interval.auto
-                                           else measured))
+        self.cadence.saved(step, blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
         if committed:
             self.env.report({"step": committed.step})
 
@@ -436,9 +431,7 @@ class _StepLoop:
         return self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s
 
     def _check_preemption(self, step: int) -> None:
-        checks = self.preemption_checks
-        checks.checked(step, _slowest_rank((self._mean_step_s(),), self.env.device)[0] if checks.auto else 0.0)
-        deadline = self.env.preemption_deadline()
+        deadline = self.cadence.notice(step, self._mean_step_s())
         if deadline is not None:
             self._flush_logs(durable=True)
             if _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry,
@@ -475,10 +468,6 @@ class _StepLoop:
         return final
 
 
-PREEMPTION_WAIT_GRACE_S = 30.0
-MOVE_ON_POLL_S = 1.0  # how often, after an emergency checkpoint, rank 0 looks for other capacity
-
-
 def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv,
                         telemetry: Telemetry, move_on: bool = True) -> bool:
     """A drain with a deadline was announced: commit the current step, then (``move_on``) end the attempt as soon
@@ -486,14 +475,8 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     step is lost.
     If the deadline is too short for a save, fall back to the last checkpoint (False: training goes on)."""
     noticed_at = time.time()
-    remaining = deadline - noticed_at
-    estimate = checkpointer.last_save_s
-    # Rank 0's estimate decides for all: the save is a collective, every rank must choose alike.
-    too_short = checkpointer.agree(estimate is not None and remaining < 1.2 * estimate)
-    if too_short:
+    if too_short(deadline, checkpointer.last_save_s, checkpointer.agree):
         telemetry.notice(step, noticed_at, committed=False)
-        log.info("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
-                 "a restart resumes from the last committed checkpoint", remaining, estimate)
         return False
     started = time.monotonic()
     committed = checkpointer.ensure_saved(step, state)
@@ -507,38 +490,12 @@ def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, 
     if env.rank == 0:
         log.info("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
                  "deadline", step, time.monotonic() - started, deadline - time.time())
-    waiting_since, asking = time.monotonic(), move_on
-    while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
-        # Rank 0 asks and every rank follows, until shortly before the deadline: a peer dying inside a collective
-        # would fail the survivors with an error that is not the preemption's.
-        move = False
-        if asking:
-            asking = time.time() < deadline - 3 * MOVE_ON_POLL_S
-            asking, move = checkpointer.agree((asking, asking and env.rank == 0 and env.capacity_elsewhere()))
-        if move:
-            telemetry.drain_wait(time.monotonic() - waiting_since)
-            telemetry.moved(time.time())
-            if env.rank == 0:
-                log.info("preemption notice: the worker group fits on other nodes: restarting there from "
-                         "step %d without waiting for the node to go", step)
-            return True
-        time.sleep(MOVE_ON_POLL_S)
-    telemetry.drain_wait(time.monotonic() - waiting_since)
-    log.warning("the announced preemption did not happen: continuing to train")
-    return False
+    return move_or_wait(deadline, step, checkpointer.agree, env.rank, env.capacity_elsewhere, telemetry, move_on)
 
 
 def units_per_step(cfg: TrainConfig, task: Task) -> int:
     """The loss denominator of every step (tokens for a language model), over all ranks."""
     return cfg.train.global_batch_size * task.units_per_sample
-
-
-def _slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float]:
-    """Each value's maximum over the ranks, so that every rank computes the same checkpoint interval."""
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
 
 
 def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, losses: ledger.LossLog) -> None:
@@ -563,7 +520,7 @@ def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, 
         losses.record(step, value, seconds, result.lr, norm)
 
 
-def _shared_attempt_id() -> str:
+def shared_attempt_id() -> str:
     box = [ledger.new_attempt_id()]
     if dist.is_initialized():
         dist.broadcast_object_list(box, src=0)

@@ -46,8 +46,9 @@ def _val_loss_cell(summary: dict) -> str:
 def format_summary(summary: dict) -> str:
     """``spotray train``'s closing lines."""
     newest = summary["checkpoints"][-1] if summary["checkpoints"] else "none committed"  # oldest first
-    return "\n".join([f"spotray: done: {summary['run_name']} at step {summary['final_step']}, "
-                      f"{summary['tokens_per_s']:,.0f} tokens/s", format_table(summary),
+    speed = f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] is not None else ""
+    return "\n".join([f"spotray: done: {summary['run_name']} at step {summary['final_step']}{speed}",
+                      format_table(summary),
                       f"spotray: checkpoints: {len(summary['checkpoints'])} kept, the newest {newest}"])
 
 

@@ -11,6 +11,7 @@ import time
 
 from spotray import goodput, ledger, memory
 from spotray.checkpoint import (
+    FILES_FORMAT,
     CommittedCheckpoint,
     best_checkpoint,
     checkpoints_root,
@@ -157,7 +158,8 @@ def _memory(attempts_root: Location, records: list[goodput.AttemptRecord]) -> di
 
 def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
     return {"step": checkpoint.step, "bytes": checkpoint.nbytes, "age_s": round(now - checkpoint.committed_at, 1),
-            "world_size": checkpoint.world_size, "url": checkpoint.url, "val_loss": checkpoint.val_loss}
+            "world_size": checkpoint.world_size, "url": checkpoint.url, "val_loss": checkpoint.val_loss,
+            "format": checkpoint.format}
 
 
 def _set_aside(record: dict) -> dict:
@@ -246,7 +248,8 @@ def _memory_text(figures: dict | None) -> str:
 def _checkpoints_text(checkpoints: list[dict]) -> str:
     if not checkpoints:
         return "none committed"
-    return ", ".join(f"step {c['step']} ({_size(c['bytes'])}, {c['age_s']:,.0f}s ago)" for c in checkpoints)
+    return ", ".join(f"step {c['step']} ({_size(c['bytes'])}{', script files' if c['format'] == FILES_FORMAT else ''}, "
+                     f"{c['age_s']:,.0f}s ago)" for c in checkpoints)
 
 
 def _interruption_text(event: dict) -> str:

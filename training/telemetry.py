@@ -130,6 +130,9 @@ class Telemetry:
     def started(self, startup_s: float, restore_s: float) -> None:
         """The attempt's start-up and restore took this long."""
 
+    def planned(self, max_steps: int) -> None:
+        """The run trains to ``max_steps`` (a script's Trainer says so once it starts)."""
+
     def step_done(self, seconds: float) -> None:
         """A step took ``seconds``."""
 
@@ -195,6 +198,11 @@ class RankZeroTelemetry(Telemetry):
                             recovery_seconds=first_step_at - interrupted_at if first_step_at and interrupted_at
                             else None)
         return self._past
+
+    def planned(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.clock.update(max_steps=max_steps)
+        self.gauges.set(max_steps=max_steps)
 
     def started(self, startup_s: float, restore_s: float) -> None:
         self.clock.add("startup", startup_s)

@@ -5,7 +5,18 @@ import jsonschema
 import pytest
 import yaml
 
-from spotray.cluster.rayjob import DRAIN_MARGIN_S, MAX_NAME, JobSettings, config_map, job_name, job_settings, rayjob
+from spotray.cluster.rayjob import (
+    DRAIN_MARGIN_S,
+    HEAD_LOCAL_DISK_GIB,
+    LOCAL_DIR,
+    MAX_NAME,
+    WORKER_LOCAL_DISK_GIB,
+    JobSettings,
+    config_map,
+    job_name,
+    job_settings,
+    rayjob,
+)
 from spotray.config import from_dict, load
 from spotray.errors import ConfigError
 from spotray.infra.kernel.config import TrainingJobConfig
@@ -100,7 +111,7 @@ def test_secrets_come_from_secret_refs_never_as_values(job):
         "name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "spotray-storage",
                                                                          "key": "AWS_SECRET_ACCESS_KEY"}}}
     assert by_name["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "WANDB_API_KEY"}
-    assert all("value" not in e for e in env if e["name"] != "AWS_ENDPOINT_URL_S3")
+    assert all("value" not in e for e in env if e["name"] not in ("AWS_ENDPOINT_URL_S3", "SPOTRAY_LOCAL_DIR"))
 
 
 def test_a_forwarded_variable_without_a_secret_is_refused():
@@ -143,3 +154,13 @@ def test_names_longer_than_kuberay_allows_are_refused():
     assert job_name(train_config("run.name=My_Run.v2")) == "my-run-v2"
     with pytest.raises(ConfigError, match=f"run.name.*at most {MAX_NAME}"):
         job_name(train_config(f"run.name={'x' * (MAX_NAME + 1)}"))
+
+
+@pytest.mark.parametrize(("group", "disk_gib"), [(head, HEAD_LOCAL_DISK_GIB), (workers, WORKER_LOCAL_DISK_GIB)])
+def test_every_ray_pod_gets_a_local_scratch_dir(job, group, disk_gib):
+    spec = group(job)["template"]["spec"]
+    assert LOCAL_DIR == "/local"
+    assert {"name": "local", "emptyDir": {"sizeLimit": f"{disk_gib}Gi"}} in spec["volumes"]
+    (container,) = spec["containers"]
+    assert {"name": "local", "mountPath": "/local"} in container["volumeMounts"]
+    assert {"name": "SPOTRAY_LOCAL_DIR", "value": "/local"} in container["env"]

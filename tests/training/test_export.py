@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import random
 import shutil
 import subprocess
 import sys
@@ -112,6 +114,51 @@ def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
     result = export(run_root(cfg).url, str(tmp_path / "out"))
     assert result["tokenizer"]
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_a_byte_tokenizer_run_exports_a_tokenizer_that_a_pipeline_generates_with(fsdp_runs, name, tmp_path,
+                                                                                  monkeypatch, capsys):
+    from transformers import pipeline
+
+    from spotray.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # everything comes from the exported directory
+    out = tmp_path / "out"
+    assert main(["export", run_root(fsdp_runs[name]).url, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith(": model.safetensors + config.json + tokenizer.json + "
+                                                    "tokenizer_config.json")
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == config["pad_token_id"] == 256
+    generator = pipeline("text-generation", model=str(out), device="cpu")
+    assert generator.tokenizer.eos_token_id == 256
+    text = generator("Once upon", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert isinstance(text, str) and text.startswith("Once upon")
+
+
+def test_the_exported_byte_tokenizer_gives_spotrays_byte_ids_and_decodes_every_model_id(tmp_path):
+    from transformers import AutoTokenizer
+
+    from spotray.data.hf_byte_tokenizer import byte_tokenizer_files
+    from spotray.data.tokenizer import ByteTokenizer
+
+    for name, data in byte_tokenizer_files().items():
+        (tmp_path / name).write_bytes(data)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.eos_token_id == tok.pad_token_id == 256 and len(tok) == 257
+    rng = random.Random(0)
+    code_points = [c for c in range(0x30000) if not 0xD800 <= c < 0xE000]  # planes 0-2 (1- to 4-byte UTF-8)
+    randoms = ("".join(map(chr, rng.choices(code_points, k=rng.randint(1, 60)))) for _ in range(200))
+    texts = ["", "hello world", "  two  spaces , and . ' s\n\t\r", "\x00\x01\x7f\x80\xff", "naïve café 日本語 🙂👍🏽",
+             "a<|endoftext|>b", *randoms]
+    for text in texts:
+        ids = tok(text)["input_ids"]
+        assert ids == ByteTokenizer().encode_documents([text])[0][:-1].tolist(), text
+        assert tok.decode(ids) == text
+    assert tok.decode(list(range(257, 320))) == "" and tok.decode([104, 300, 105, 319]) == "hi"
+    assert tok.decode([104, 256, 105]) == "h<|endoftext|>i"
+    assert tok.decode([104, 256, 105], skip_special_tokens=True) == "hi"
+    assert tok.decode([0xFF, 0xC3, 0x28]) == "\ufffd\ufffd("  # bytes that are no UTF-8 decode as replacements
 
 
 def test_a_ddp_run_on_s3_exports_to_s3_with_the_trained_models_logits(dataset_url, s3_bucket, tmp_path):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from spotray import goodput, launch, ledger, loop
+from spotray import cadence, goodput, launch, ledger
 from spotray.checkpoint import Checkpointer, checkpoints_root, list_committed
 from spotray.errors import TrainingFailed
 from spotray.launch import failure_config
@@ -88,7 +88,7 @@ def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity
 @pytest.mark.parametrize(("move_on", "asks"), [(True, (1, 2)), (False, (0, 0))])
 def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_before(tmp_path, monkeypatch, move_on,
                                                                                    asks):
-    monkeypatch.setattr(loop, "PREEMPTION_WAIT_GRACE_S", 0.5)
+    monkeypatch.setattr(cadence, "PREEMPTION_WAIT_GRACE_S", 0.5)
     asked = []
     root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: asked.append(1) or False)
     moved = _survive_preemption(time.time() + 4.5, 7, checkpointer, {"box": Box()}, env, telemetry, move_on)

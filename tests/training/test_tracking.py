@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from spotray.loop import run_root
 from spotray.tracking import Follower, read_gaps
 from spotray.tracking import state as tracking_state
 from tests.corpus import write_corpus
-from tests.repo import REPO
+from tests.repo import readme_example
 from tests.trackers import (
     assert_one_point_per_step,
     mlflow_points,
@@ -142,15 +141,9 @@ def test_a_rerun_after_the_driver_failed_continues_the_same_tracker_runs_with_th
     assert len(list(run.tensorboard_dir.glob("events.out.tfevents.*"))) == 2
 
 
-def readme_example() -> str:
-    match = re.search(r"<!-- tracking-example -->\n```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert match, "README.md has no ```bash block right under <!-- tracking-example -->"
-    return match.group(1)
-
-
 def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_tracker(tmp_path, mlflow_server):
     """As shown, with this module's MLflow server in place of the example's address."""
-    commands = readme_example().replace("http://127.0.0.1:5000", mlflow_server.url)
+    commands = readme_example("tracking-example").replace("http://127.0.0.1:5000", mlflow_server.url)
     write_corpus(tmp_path / "corpus")
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=600)

@@ -20,7 +20,7 @@ from spotray.errors import TrainingFailed
 from spotray.examples import conv_lm
 from spotray.storage import resolve
 from tests.corpus import write_corpus
-from tests.repo import REPO
+from tests.repo import readme_example
 from tests.training.runs import cli_env
 
 EXAMPLE = "spotray.examples.conv_lm:make_task"
@@ -47,14 +47,8 @@ def make_task(cfg):
 """
 
 
-def readme_example() -> str:
-    match = re.search(r"<!-- user-task-example -->\n```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert match, "README.md has no ```bash block right under <!-- user-task-example -->"
-    return match.group(1)
-
-
 def test_the_readme_example_trains_the_user_task_through_ray(tmp_path):
-    commands = readme_example()
+    commands = readme_example("user-task-example")
     write_corpus(tmp_path / "corpus")
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=cli_env(),
                           capture_output=True, text=True, timeout=300)

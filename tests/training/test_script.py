@@ -1,0 +1,83 @@
+"""``spotray train --script``'s bad input: one line each, exit 2 where it is an error, nothing in storage touched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spotray.checkpoint import COMMIT_MARKER, FILES_FORMAT
+from spotray.errors import ConfigError, SpotrayError
+from spotray.infra.cli import main
+from tests.training.runs import cli_env
+
+
+def spotray_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args], cwd=cwd, env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def listing(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")} if root.exists() else {}
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("spotray: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(("text", "expected"), [(None, "finetune.py is not a file"),
+                                                ("def broken(:\n", "finetune.py line 1: SyntaxError")])
+def test_a_missing_or_broken_script_is_refused_before_anything_starts(tmp_path, capsys, text, expected):
+    if text is not None:
+        (tmp_path / "finetune.py").write_text(text)
+    runs = tmp_path / "runs"
+    assert main(["train", "--script", str(tmp_path / "finetune.py"), "--set", f"checkpoint.path={runs}"]) == 2
+    assert expected in one_error_line(capsys.readouterr().err) and not runs.exists()
+
+
+def test_a_world_size_change_is_refused_unless_allowed_and_nothing_is_touched(tmp_path, capsys):
+    (tmp_path / "finetune.py").write_text("print('trained')\n")
+    runs = tmp_path / "runs"
+    step = runs / "s" / "checkpoints" / "step_000000010"
+    (step / "files").mkdir(parents=True)
+    (step / "files" / "rng_state_0.pth").write_bytes(b"x")
+    (step / COMMIT_MARKER).write_text(json.dumps({"step": 10, "world_size": 2, "format": FILES_FORMAT,
+                                                  "files": {"files/rng_state_0.pth": {"size": 1, "crc32": 0}}}))
+    before = listing(runs)
+    code = main(["train", "--script", str(tmp_path / "finetune.py"), "--set", f"checkpoint.path={runs}",
+                 "--set", "run.name=s", "--set", "scaling.num_workers=3"])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and "scaling.num_workers" in line and "saved by 2" in line and "allow_world_size_change" in line
+    assert listing(runs) == before
+
+
+def test_script_arguments_and_debug_need_a_script(capsys):
+    assert main(["train", "--debug"]) == 2
+    assert "--debug: only with --script FILE" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_script_that_raises_at_import_ends_in_one_line_naming_the_rank_and_the_log(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "finetune.py").write_text("import json\n\nraise KeyError('text')\n")
+    proc = spotray_train(project, "--script", "finetune.py", "--set", f"checkpoint.path={tmp_path / 'runs'}",
+                         "--set", "scaling.num_workers=1", "--set", "fault_tolerance.max_failures=0")
+    line = one_error_line(proc.stderr)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    log = line.split("(log: ")[1].rstrip(")")
+    assert line.startswith("spotray: error: rank 0: KeyError: 'text' (log: ") and Path(log).is_file(), line
+    assert "Traceback" in Path(log).read_text(), "the traceback is in the log"
+    assert not (tmp_path / "runs" / "spotray" / "checkpoints").exists()
+
+
+def test_a_config_error_names_the_key():
+    with pytest.raises(ConfigError, match="script.args"):
+        from spotray import config
+
+        config.from_dict({"script": {"path": "x.py", "args": ["--epochs", 3]}})
+    assert issubclass(ConfigError, SpotrayError)

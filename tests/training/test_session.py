@@ -1,0 +1,143 @@
+"""The session API of a user's own loop (``spotray.restore`` ... ``should_stop``) on a real gloo process group:
+one copy per file, the commit marker last, one download per directory, nothing partial resumed from."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import spotray
+from spotray import config, session
+from spotray.cadence import Cadence
+from spotray.checkpoint import COMMIT_MARKER, checkpoints_root, list_committed
+from spotray.drills.process_group import run_on_process_group
+from spotray.errors import ConfigError
+from spotray.loop import WorkerEnv
+from spotray.storage import resolve
+
+
+def script_config(runs: Path, *sets: str) -> dict:
+    raw = {"script": {"path": "train.py"}, "checkpoint": {"path": str(runs)}, "run": {"name": "s"}}
+    return config.merge(raw, config.parse_overrides(list(sets)))
+
+
+def open_session(rank: int, world_size: int, raw: dict) -> session.Session:
+    return session.Session(config.from_dict(raw), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
+
+
+def write_files(directory: Path, rank: int, step: int) -> None:
+    """What a Trainer writes: shared files (written by rank 0 where ranks share a disk) and one per rank."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"rng_state_{rank}.pth").write_bytes(os.urandom(1000 + rank))
+    (directory / "model.safetensors").write_bytes(bytes([step % 256]) * 50_000)
+
+
+def commit_worker(rank: int, world_size: int, raw: dict, dirs: list[str], slow_rank: int | None) -> dict:
+    """Each rank writes to its own directory (its node's disk) and commits step 10."""
+    if rank == slow_rank:  # this rank's upload ends last: the marker must still come after it
+        from spotray import files_checkpoint
+
+        put = files_checkpoint._put
+        files_checkpoint._put = lambda source, target: (time.sleep(1.0), put(source, target))[1]
+    current = open_session(rank, world_size, raw)
+    current.restore(str(Path(dirs[rank]).parent / "restored"))
+    write_files(Path(dirs[rank]), rank, 10)
+    current.commit(dirs[rank], 10)
+    current.finish(moved=False)
+    return {"uploaded_at": time.time()}
+
+
+def test_every_ranks_files_are_in_storage_once_before_the_commit_marker(tmp_path):
+    runs = tmp_path / "runs"
+    dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
+    run_on_process_group(commit_worker, (script_config(runs), dirs, 1), world_size=2)
+    (checkpoint,) = list_committed(checkpoints_root(resolve(str(runs)).child("s")))
+    assert checkpoint.is_files and checkpoint.world_size == 2
+    assert sorted(checkpoint.files) == ["files/model.safetensors", "files/rng_state_0.pth", "files/rng_state_1.pth"]
+    for name, entry in checkpoint.files.items():
+        stored = Path(checkpoint.location.child(name).path)
+        assert (stored.stat().st_size, zlib.crc32(stored.read_bytes())) == (entry["size"], entry["crc32"])
+        assert stored.stat().st_mtime <= checkpoint.committed_at, f"{name} was stored after the commit marker"
+
+
+def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> list[int]:
+    """Both ranks restore into the same directory (one node): one of them downloads."""
+    current = open_session(rank, world_size, raw)
+    step = current.restore(shared_dir)
+    files = sorted(os.listdir(shared_dir))
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, (step, current.files.bytes_read, files))
+    return gathered
+
+
+def test_restore_downloads_each_file_once_per_directory_and_skips_a_checkpoint_cut_short(tmp_path):
+    runs, raw = tmp_path / "runs", script_config(tmp_path / "runs")
+    dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
+    run_on_process_group(commit_worker, (raw, dirs, None), world_size=2)
+    root = checkpoints_root(resolve(str(runs)).child("s"))
+    (good,) = list_committed(root)
+    # A newer checkpoint whose upload was cut short: its marker names a file that never arrived.
+    cut = root.child("step_000000020")
+    for name in good.files:
+        cut.child(name).write_bytes(Path(good.location.child(name).path).read_bytes())
+    marker = json.loads(good.location.child(COMMIT_MARKER).read_text())
+    cut.child(COMMIT_MARKER).write_text(json.dumps({**marker, "step": 20}))
+    cut.child("files/rng_state_1.pth").delete_file()
+    ranks = run_on_process_group(restore_worker, (raw, str(tmp_path / "restored")), world_size=2)
+    assert [step for step, _, _ in ranks] == [10, 10], "the cut-short checkpoint is never resumed from"
+    assert sum(read for _, read, _ in ranks) == good.nbytes, "each byte read once for the one directory"
+    assert ranks[0][2] == ranks[1][2] == [".spotray-restored", "model.safetensors", "rng_state_0.pth",
+                                          "rng_state_1.pth"]
+    assert [c.step for c in list_committed(root)] == [10], "the damaged one is set aside"
+
+
+def test_a_checkpoint_saved_by_another_world_size_is_refused_unless_allowed(tmp_path):
+    cfg = config.from_dict(script_config(tmp_path))
+    with pytest.raises(ConfigError, match="scaling.num_workers.*saved by 2.*allow_world_size_change"):
+        session.check_world_size(cfg, saved_by=2, workers=4)
+    allowed = config.from_dict(script_config(tmp_path, "script.allow_world_size_change=true"))
+    session.check_world_size(allowed, saved_by=2, workers=4)
+
+
+def test_outside_spotray_train_the_calls_do_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert spotray.restore(str(tmp_path)) is None and spotray.should_save(10) is False
+        spotray.commit(str(tmp_path), 10)
+        spotray.report(10, loss=1.0)
+        assert spotray.should_stop() is False
+    assert caplog.text.count("not running under `spotray train --script`") == 1
+    assert spotray.hf.resume_checkpoint() is None
+
+
+def test_a_script_that_never_commits_is_warned_once_after_the_first_interval(tmp_path, caplog):
+    current = open_session(0, 1, script_config(tmp_path, "checkpoint.every_steps=5"))
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 16):
+            current.report(step, loss=1.0)
+    assert caplog.text.count("nothing has been checkpointed") == 1 and "step 6:" in caplog.text
+
+
+def test_spotrays_loop_and_a_scripts_session_keep_the_same_cadence(tmp_path, monkeypatch, dataset_url):
+    """Both paths ask ``cadence.Cadence`` when to save and whether a notice came: one core, not two copies."""
+    from spotray.loop import train
+    from tests.training.configs import make_config
+
+    asked = []
+    save_due, notice = Cadence.save_due, Cadence.notice
+    monkeypatch.setattr(Cadence, "save_due", lambda self, *a: asked.append("save_due") or save_due(self, *a))
+    monkeypatch.setattr(Cadence, "notice", lambda self, *a: asked.append("notice") or notice(self, *a))
+    train(make_config(dataset_url, str(tmp_path / "loop"), "loop", "train.max_steps=2", "scaling.num_workers=1",
+                      "train.global_batch_size=2"), WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
+    from_loop = len(asked)
+    assert {"save_due", "notice"} <= set(asked)
+    current = open_session(0, 1, script_config(tmp_path / "script"))
+    current.report(1, loss=1.0)
+    current.should_save(1)
+    assert {"save_due", "notice"} <= set(asked[from_loop:])

@@ -1,0 +1,210 @@
+"""A script's own checkpoint files (a Trainer's ``checkpoint-N``, Accelerate's ``save_state``) committed to the run's
+storage and fetched back, with the lineage, retention and commit marker of spotray's checkpoints.
+
+Layout: ``checkpoints/step_N/files/<the directory's files>`` and ``COMMITTED.json`` (``format: spotray-files``,
+every file's size and CRC32), written by rank 0 only after every rank reported its files in storage.
+
+One copy per file, one download per directory: every rank lists the directory, and a file is uploaded by the
+lowest rank that has it (ranks sharing a disk see the same files); the ranks whose restore directory is the same
+(host and path: a node's local disk) have the lowest of them download it for all.
+An upload overlaps training (``Checkpointer.async_save``-like: at most one in flight); ``wait`` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch.distributed as dist
+
+from spotray.checkpoint import COMMIT_MARKER, FILES_FORMAT, Checkpointer, CommittedCheckpoint, all_gather_objects
+from spotray.errors import CheckpointError, NotFound, SpotrayError
+from spotray.storage import Location
+
+log = logging.getLogger(__name__)
+
+FILES_DIR = "files"
+CHUNK_BYTES = 16 * 2**20
+RESTORED_MARK = ".spotray-restored"  # in a directory ``restore`` filled, so that a later restore may replace it
+DISK_HEADROOM = 1.05
+
+
+class FilesCheckpoints:
+    """Commit and restore of a local directory's files, on every rank (every method is a collective)."""
+
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
+        self.rank, self.world_size = checkpointer.rank, checkpointer.world_size
+        # Uploads finish in a background thread whose collectives need a group of their own.
+        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotray-commit")
+        self._pending: tuple[int, Future] | None = None
+        self.committed: list[int] = []  # steps this attempt committed, oldest first
+        self.last_save_s: float | None = None
+        self.bytes_read = 0  # by this rank's downloads, for the restore's one-copy-per-node check
+
+    def commit(self, local_dir: str, step: int) -> None:
+        """Start committing what the ranks wrote to ``local_dir`` as ``step``; returns once uploads are under way."""
+        self.wait()
+        all_gather_objects(None, self.checkpointer.group)  # every rank has finished writing
+        listings = all_gather_objects(_list_files(Path(local_dir)), self.checkpointer.group)
+        if not any(listings):
+            raise CheckpointError(f"spotray.commit({local_dir!r}, {step}): the directory holds no files on any node; "
+                                  "commit the directory the script saved to, after saving")
+        mine = _assigned(listings, self.rank)
+        location = self.checkpointer.root.child(f"step_{step:09d}")
+        started = time.monotonic()
+        self._pending = (step, self._pool.submit(self._upload, Path(local_dir), mine, location, step, started))
+
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None
+
+    def wait(self) -> bool:
+        """Ends the commit in flight; whether it committed (True where none was in flight)."""
+        if self._pending is None:
+            return True
+        step, future = self._pending
+        self._pending = None
+        return future.result()
+
+    def _upload(self, local_dir: Path, names: list[str], location: Location, step: int, started: float) -> bool:
+        error, entries = None, {}
+        try:
+            for name in names:
+                entries[f"{FILES_DIR}/{name}"] = _put(local_dir / name, location.child(FILES_DIR, name))
+        except (OSError, SpotrayError) as exc:
+            error = f"rank {self.rank}: {str(exc).splitlines()[0][:200]}"
+        reports = all_gather_objects((error, entries), self._group)
+        errors = [e for e, _ in reports if e]
+        if errors:
+            if self.rank == 0:
+                log.warning("checkpoint of step %d not committed (%s); training continues, the next commit tries "
+                            "again, and nothing partial is ever resumed from", step, "; ".join(errors))
+            return False
+        if self.rank == 0:
+            files = {name: entry for _, part in reports for name, entry in part.items()}
+            marker = {"step": step, "world_size": self.world_size, "format": FILES_FORMAT, "version": 1,
+                      "files": files, "committed_at": time.time()}
+            location.child(COMMIT_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
+            self.checkpointer.schedule_retention(step)
+        all_gather_objects(None, self._group)  # the marker is written: every rank may count the step as committed
+        self.committed.append(step)
+        self.last_save_s = time.monotonic() - started
+        return True
+
+    def restore(self, local_dir: str, candidates: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:
+        """The newest of ``candidates`` that downloads intact, in ``local_dir`` on every node; None for none."""
+        unreadable: list[tuple[CommittedCheckpoint, str]] = []
+        for candidate in candidates:
+            reason = candidate.damage or self._fetch(candidate, Path(local_dir))
+            if reason is None:
+                self.checkpointer.start_lineage(candidate.step, unreadable)
+                return candidate
+            log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
+            unreadable.append((candidate, reason))
+        if unreadable:
+            steps = "; ".join(f"step {c.step}: {reason}" for c, reason in unreadable)
+            raise CheckpointError(f"no committed checkpoint under {self.checkpointer.root.url} could be read "
+                                  f"({steps}): restore them or start a new run.name")
+        self.checkpointer.start_lineage(0, [])
+        return None
+
+    def _fetch(self, candidate: CommittedCheckpoint, local_dir: Path) -> str | None:
+        """One rank per directory downloads, the others wait; why it cannot be read (the same on every rank), or
+        None."""
+        reason, unexpected = None, None
+        where = (socket.gethostname(), os.path.realpath(local_dir))
+        if all_gather_objects(where, self.checkpointer.group).index(where) == self.rank:
+            try:
+                self.bytes_read += _download(candidate, local_dir)
+            except (CheckpointError, NotFound) as exc:
+                reason = str(exc)
+            except SpotrayError as exc:  # an outage, a full disk: not a reason to skip the checkpoint
+                unexpected = str(exc)
+        verdicts = all_gather_objects((reason, unexpected), self.checkpointer.group)
+        problems = [u for _, u in verdicts if u]
+        if problems:
+            raise CheckpointError(f"checkpoint step {candidate.step} could not be restored ({problems[0]}); nothing "
+                                  "was skipped or set aside, and a restart tries it again")
+        reasons = [r for r, _ in verdicts if r]
+        return reasons[0] if reasons else None
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
+
+
+def _list_files(local_dir: Path) -> dict[str, int]:
+    """Relative path -> size of every file under ``local_dir`` (none where it does not exist)."""
+    if not local_dir.is_dir():
+        return {}
+    return {p.relative_to(local_dir).as_posix(): p.stat().st_size
+            for p in sorted(local_dir.rglob("*")) if p.is_file() and p.name != RESTORED_MARK}
+
+
+def _assigned(listings: list[dict[str, int]], rank: int) -> list[str]:
+    """The files ``rank`` uploads: those no lower rank has."""
+    seen = set().union(*listings[:rank]) if rank else set()
+    return sorted(set(listings[rank]) - seen)
+
+
+def _put(source: Path, target: Location) -> dict:
+    """Streams one file up, computing its CRC32 on the way; its marker entry."""
+    crc, size = 0, 0
+    with open(source, "rb") as f, target.open_output() as out:
+        while chunk := f.read(CHUNK_BYTES):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            out.write(chunk)
+    return {"size": size, "crc32": crc}
+
+
+def _download(checkpoint: CommittedCheckpoint, local_dir: Path) -> int:
+    """Every file of ``checkpoint`` into ``local_dir`` (replaced whole), checked against the marker; bytes read."""
+    _check_space(local_dir, checkpoint.nbytes)
+    staging = local_dir.with_name(f".{local_dir.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    total = 0
+    for name, want in checkpoint.files.items():
+        target = staging / name.removeprefix(f"{FILES_DIR}/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        crc, size = 0, 0
+        with checkpoint.location.child(name).open_input() as f, open(target, "wb") as out:
+            while chunk := f.read(CHUNK_BYTES):
+                crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+                out.write(chunk)
+        total += size
+        if (size, crc) != (want["size"], want["crc32"]):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(f"{checkpoint.location.child(name).url} is corrupted: {size} bytes CRC32 {crc:08x}, "
+                                  f"{COMMIT_MARKER} records {want['size']} bytes CRC32 {want['crc32']:08x}")
+    (staging / RESTORED_MARK).write_text(str(checkpoint.step))
+    _replace(local_dir, staging)
+    return total
+
+
+def _replace(local_dir: Path, staging: Path) -> None:
+    """``local_dir`` becomes ``staging``; an earlier restore's directory is replaced, a user's own never is."""
+    if local_dir.exists():
+        if any(local_dir.iterdir()) and not (local_dir / RESTORED_MARK).exists():
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SpotrayError(f"spotray.restore: {local_dir} is not empty: give a new or empty directory (files "
+                               "there would mix with the checkpoint's)")
+        shutil.rmtree(local_dir)
+    os.replace(staging, local_dir)
+
+
+def _check_space(local_dir: Path, nbytes: int) -> None:
+    local_dir.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(local_dir.parent).free
+    if free < DISK_HEADROOM * nbytes:
+        raise SpotrayError(f"{local_dir.parent} has {free / 2**30:.1f} GiB free, the checkpoint needs "
+                           f"{nbytes / 2**30:.1f} GiB: give script.local_dir (or $SPOTRAY_LOCAL_DIR) a larger disk")
+

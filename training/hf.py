@@ -1,0 +1,83 @@
+"""A Hugging Face ``Trainer`` script on spot with two added lines (README, "Your existing script")::
+
+    trainer = Trainer(..., callbacks=[spotray.hf.SpotrayCallback()])
+    trainer.train(resume_from_checkpoint=spotray.hf.resume_checkpoint())
+
+The Trainer saves and restores everything itself (model, optimizer, scheduler, RNG, ``trainer_state.json``); the
+callback only says when to save (the checkpoint interval, a preemption notice), commits each ``checkpoint-N`` the
+Trainer writes, reports the steps and logged metrics to the run's ledger, and ends the attempt after a notice's
+checkpoint by raising ``MovedOn`` out of ``trainer.train()``, so that the code after it (``save_model``, a push)
+runs once, when the run is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from transformers import TrainerCallback
+
+from spotray import session as sessions
+
+CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's name for the directory of step N: checkpoint-N
+
+
+def resume_checkpoint() -> str | None:
+    """The run's newest committed checkpoint, fetched into this node's local directory (``script.local_dir``) for
+    ``trainer.train(resume_from_checkpoint=...)``; None on a first start, or outside ``spotray train --script``."""
+    session = sessions.current()
+    if session is None:
+        return None
+    directory = os.path.join(sessions.local_dir(session.cfg), "resume", "checkpoint")
+    return directory if session.restore(directory) is not None else None
+
+
+class SpotrayCallback(TrainerCallback):
+    """Survival on spot for a ``Trainer``; does nothing outside ``spotray train --script``."""
+
+    def __init__(self):
+        self.tokens_seen = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        session = sessions.current()
+        if session is not None:
+            session.plan(state.max_steps)
+            self.tokens_seen = state.num_input_tokens_seen
+
+    def on_step_end(self, args, state, control, **kwargs):
+        session = sessions.current()
+        if session is None:
+            return
+        step, tokens = state.global_step, state.num_input_tokens_seen - self.tokens_seen
+        self.tokens_seen = state.num_input_tokens_seen
+        session.report(step, tokens=tokens or None)
+        if session.should_save(step):
+            control.should_save = True
+        if control.should_save:
+            session.files.wait()  # the Trainer's rotation may delete the directory still being uploaded
+
+    def on_save(self, args, state, control, **kwargs):
+        session = sessions.current()
+        if session is None:
+            return
+        step = state.global_step
+        session.commit(os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{step}"), step)
+        _remove_committed(args.output_dir, session.files.committed, state.best_model_checkpoint)
+        if session.should_stop():
+            raise sessions.MovedOn(step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        session = sessions.current()
+        if session is not None and logs and "loss" in logs:
+            session.report(state.global_step, loss=logs["loss"], learning_rate=logs.get("learning_rate"),
+                           grad_norm=logs.get("grad_norm"))
+
+
+def _remove_committed(output_dir: str, committed: list[int], best: str | None) -> None:
+    """The local copies of committed checkpoints, except the newest committed one and the Trainer's best: the
+    output_dir holds about two checkpoints, whatever save_total_limit says."""
+    keep = os.path.abspath(best) if best else None
+    for step in committed[:-1]:
+        path = os.path.abspath(os.path.join(output_dir, f"{CHECKPOINT_PREFIX}{step}"))
+        if path != keep and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""``spotray train --script``: a user's own training script run on every Ray Train worker, with a session
+(``spotray.restore`` ... ``should_stop``) and ``torch.distributed`` already set up as ``torchrun`` would.
+
+The attempt ends when the script returns (the run is complete), when it moved on a notice (``session.MovedOn``
+raised into it, or ``spotray.should_stop()`` seen), or when it raises: then the one line
+``rank N: ExceptionType: message`` reaches the console, the traceback only the log."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import runpy
+import sys
+from pathlib import Path
+
+import torch
+
+from spotray import session as sessions
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.config import TrainConfig
+from spotray.errors import ConfigError, SpotrayError, TrainingFailed
+from spotray.loop import WorkerEnv
+from spotray.storage import Location
+
+log = logging.getLogger(__name__)
+
+class ScriptFailed(TrainingFailed):
+    """The user's script raised: ``rank N: ExceptionType: message``; exit 2 (the script's own error)."""
+
+    exit_code = 2
+
+
+def preflight(cfg: TrainConfig, run_root: Location) -> None:
+    """On the driver, before any worker starts: the script is there and compiles, and the run's checkpoints are
+    a script's saved at this world size (or ``script.allow_world_size_change``)."""
+    path = script_file(cfg)
+    if cfg.runtime.working_dir_is_uri:
+        return  # the script is inside the package, which the workers fetch
+    if not path.is_file():
+        raise ConfigError("--script", f"{path} is not a file", "give the training script's path")
+    try:
+        compile(path.read_bytes(), str(path), "exec")
+    except SyntaxError as exc:
+        raise ConfigError("--script", f"{path} line {exc.lineno}: SyntaxError: {exc.msg}") from None
+    committed = list_committed(checkpoints_root(run_root), warn=False)
+    if committed and not committed[0].is_files:
+        raise ConfigError("run.name", f"{run_root.url} holds checkpoints of spotray's own loop, not of a script",
+                          "give the script run a new run.name")
+    if committed:
+        sessions.check_world_size(cfg, committed[0].world_size, cfg.scaling.num_workers)
+
+
+def with_script(cfg: TrainConfig, path: str) -> TrainConfig:
+    """``--script FILE``: the file's folder is the working dir shipped to the workers, unless runtime.working_dir
+    is set; then the file must be inside it. ``script.path`` is the file relative to that folder."""
+    file = Path(path).resolve()
+    if not cfg.runtime.working_dir:
+        runtime = dataclasses.replace(cfg.runtime, working_dir=str(file.parent))
+        return dataclasses.replace(cfg, runtime=runtime, script=dataclasses.replace(cfg.script, path=file.name))
+    if cfg.runtime.working_dir_is_uri:
+        return cfg  # the script is a path inside the package
+    base = Path(cfg.runtime.working_dir).resolve()
+    if not file.is_relative_to(base):
+        raise ConfigError("--script", f"{path} is outside runtime.working_dir={cfg.runtime.working_dir}, which is "
+                          "what the workers get", "move the script into it, or leave runtime.working_dir out")
+    return dataclasses.replace(cfg, script=dataclasses.replace(cfg.script, path=file.relative_to(base).as_posix()))
+
+
+def script_file(cfg: TrainConfig) -> Path:
+    """The script on the driver: relative to runtime.working_dir, which travels to the workers."""
+    base = cfg.runtime.working_dir if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri else "."
+    return Path(base, cfg.script.path)
+
+
+def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
+    """Runs the script as ``__main__`` with ``script.args``, inside a session. Ray's worker has the shipped
+    working dir as its current directory, and torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE ...) set."""
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    session = sessions.Session(cfg, env)
+    sessions.begin(session)
+    argv, path = sys.argv, cfg.script.path
+    sys.argv = [path, *cfg.script.args]
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except sessions.MovedOn:
+        session.finish(moved=True)
+        return
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _failed(session, env, exc, f"the script exited with status {exc.code}")
+    except SpotrayError as exc:  # spotray's own one-line errors (a world-size change, a full disk)
+        _failed(session, env, exc, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - the script's error, in one line; the traceback goes to the log
+        _failed(session, env, exc, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    finally:
+        sys.argv = argv
+        sessions.begin(None)
+    session.finish(moved=session.should_stop())
+
+
+def _failed(session: sessions.Session, env: WorkerEnv, exc: BaseException, line: str) -> None:
+    log.info("rank %d: the script failed", env.rank, exc_info=exc)  # the traceback: in the log, not the console
+    if session.cfg.script.debug:
+        from ray.util import debugpy
+
+        debugpy._post_mortem()  # Ray's post-mortem: waits for the Ray Distributed Debugger to attach
+    session.failed(exc)
+    raise ScriptFailed(f"rank {env.rank}: {line}") from None
+

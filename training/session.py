@@ -1,0 +1,262 @@
+"""A user's own training loop on spot: ``spotray.restore``, ``should_save``, ``commit``, ``report``, ``should_stop``.
+
+One ``Session`` per worker of an attempt (``spotray train --script`` opens it). It keeps the attempt's ledger,
+checkpoint cadence and notice handling with the same parts as spotray's own loop (``cadence.Cadence``,
+``loop.open_records``), and the script's files as checkpoints (``files_checkpoint``). Outside ``spotray train
+--script`` (a script run as it is) every call does nothing, so the same script runs anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+
+from spotray import ledger, memory
+from spotray.cadence import Cadence, move_or_wait, too_short
+from spotray.checkpoint import Checkpointer, list_committed
+from spotray.config import TrainConfig
+from spotray.errors import ConfigError, SpotrayError
+from spotray.files_checkpoint import FilesCheckpoints
+from spotray.interval import nominal_every_steps
+from spotray.loop import Records, WorkerEnv, open_records, run_root, shared_attempt_id
+from spotray.telemetry import RankZeroTelemetry, Telemetry
+
+log = logging.getLogger(__name__)
+
+LOCAL_DIR_ENV = "SPOTRAY_LOCAL_DIR"
+
+
+class MovedOn(BaseException):  # noqa: N818 - an outcome, not an error; BaseException: a script's `except Exception`
+    """Raised into the script once a notice's checkpoint committed and the group moves to other capacity: the
+    attempt ends there, and nothing the script does after training (saving, pushing) runs on a move."""
+
+
+def local_dir(cfg: TrainConfig) -> str:
+    """This node's scratch directory for the run: ``script.local_dir``, ``$SPOTRAY_LOCAL_DIR``, or the temp dir."""
+    base = cfg.script.local_dir or os.environ.get(LOCAL_DIR_ENV) or os.path.join(tempfile.gettempdir(), "spotray")
+    return os.path.join(base, cfg.run.name)
+
+
+class Session:
+    def __init__(self, cfg: TrainConfig, env: WorkerEnv):
+        self.cfg, self.env, self.entered_at = cfg, env, time.time()
+        self.root = run_root(cfg)
+        self.attempt_id = shared_attempt_id()
+        self.checkpointer = Checkpointer(self.root, rank=env.rank, world_size=env.world_size,
+                                         keep_last=cfg.checkpoint.keep_last, attempt_id=self.attempt_id)
+        self.files = FilesCheckpoints(self.checkpointer)
+        self.max_steps = cfg.train.max_steps
+        self.records: Records | None = None
+        self.from_step = 0
+        self.steps: dict[int, dict] = {}  # step -> what was reported of it (seconds, loss, lr, grad norm)
+        self.last_step = 0
+        self.stop = False
+        self._notice: tuple[int, float, float] | None = None  # (step, deadline, noticed at)
+        self._warned: set[str] = set()
+
+    def plan(self, max_steps: int) -> None:
+        """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
+        self.max_steps = max_steps
+        if self.records is not None:
+            self.cadence = Cadence(self.cfg, max_steps, self.from_step, self.env.device,
+                                   self.env.preemption_deadline)
+            self.telemetry.planned(max_steps)
+
+    def restore(self, directory: str) -> int | None:
+        if self.records is not None:
+            raise SpotrayError("spotray.restore: call it once per attempt, before the first step")
+        started = time.time()
+        candidates = [c for c in self.checkpointer.committed() if c.damage or c.is_files]
+        if candidates and not candidates[0].damage:
+            check_world_size(self.cfg, candidates[0].world_size, self.env.world_size)
+        restored = self.files.restore(directory, candidates)
+        self._open(restored.step if restored else 0, restore_s=time.time() - started)
+        return restored.step if restored else None
+
+    def should_save(self, step: int) -> bool:
+        self._ensure_open()
+        if self._notice is not None:
+            return True
+        deadline = self.cadence.notice(step, self._mean_step_s())
+        if deadline is not None:
+            if too_short(deadline, self.files.last_save_s, self.checkpointer.agree):
+                self.telemetry.notice(step, time.time(), committed=False)
+            else:
+                self._notice = (step, deadline, time.time())
+                return True
+        return self.cadence.save_due(step)
+
+    def commit(self, directory: str, step: int) -> None:
+        self._ensure_open()
+        started = time.perf_counter()
+        self.files.commit(directory, step)
+        notice = self._notice
+        committed = self.files.wait() if notice else None  # a notice's checkpoint must be in storage before going
+        blocked = time.perf_counter() - started
+        self.telemetry.checkpoint(blocked, self.files.last_save_s)
+        self.cadence.saved(step, blocked, self.files.last_save_s or blocked, self._mean_step_s())
+        if notice is not None:
+            self._after_notice(notice, step, committed)
+
+    def _after_notice(self, notice: tuple[int, float, float], step: int, committed: bool) -> None:
+        _, deadline, noticed_at = notice
+        self._notice = None
+        self.telemetry.notice(step, noticed_at, committed=committed)
+        if not committed:
+            log.warning("preemption notice: the emergency checkpoint of step %d failed; continuing, a restart "
+                        "resumes from the last committed checkpoint", step)
+            return
+        self.stop = move_or_wait(deadline, step, self.checkpointer.agree, self.env.rank, self.env.capacity_elsewhere,
+                                 self.telemetry, self.cfg.fault_tolerance.move_on_notice)
+
+    def report(self, step: int, tokens: int | None = None, **metrics: float) -> None:
+        """Rank 0's record of ``step``; a second report of a step adds metrics to it (its time is the first's)."""
+        self._ensure_open()
+        now = time.perf_counter()
+        if step not in self.steps:
+            seconds, self._last_report_at = now - self._last_report_at, now
+            self.steps[step] = {"s": seconds}
+            self.telemetry.step_done(seconds)
+            self.last_step = max(self.last_step, step)
+        record = self.steps[step]
+        record.update({k: v for k, v in metrics.items() if v is not None})
+        if tokens:
+            self.telemetry.tokens_per_step = tokens
+        self._warn_if_never_committed(step)
+        if self.env.rank != 0:
+            return
+        self.losses.record(step, record.get("loss"), record["s"], record.get("learning_rate", record.get("lr")),
+                           record.get("grad_norm"))
+        self.losses.flush()
+        if "loss" in metrics:
+            self.telemetry.logged(step, record["loss"], record.get("learning_rate", record.get("lr", 0.0)),
+                                  0, self.checkpointer.last_committed,
+                                  _rank_zero_memory(self.env.device))
+
+    def should_stop(self) -> bool:
+        return self.stop
+
+    def finish(self, moved: bool) -> None:
+        """The script returned (or moved on): the commit in flight ends, the records are written."""
+        self._ensure_open()
+        self.files.close()
+        if moved:
+            self.writer.close(timeout_s=30)
+            return
+        self.telemetry.finished()
+        self.writer.close(timeout_s=max(60.0, self.cfg.checkpoint.save_failure_budget_s))
+        if self.env.rank == 0:
+            losses = [r["loss"] for _, r in sorted(self.steps.items()) if "loss" in r]
+            final = {"final_step": self.last_step, "final_loss": losses[-1] if losses else None,
+                     "samples_consumed": None, "param_sha256": None, "tokens_per_s": None,
+                     "attempt_id": self.attempt_id, "failed_saves": 0}
+            ledger.write_final(self.attempts, self.attempt_id, final)
+
+    def failed(self, exc: BaseException) -> None:
+        self._ensure_open()
+        self.telemetry.failed(exc)
+        self.writer.flush(timeout_s=10)
+
+    def _ensure_open(self) -> None:
+        """A script that trains without ``restore`` starts from step 0 (and is told where it could resume)."""
+        if self.records is not None:
+            return
+        committed = list_committed(self.checkpointer.root, warn=False) if self.env.rank == 0 else []
+        if committed:
+            log.warning("the script did not call spotray.restore: this attempt starts from step 0 although step %d "
+                        "is committed", committed[0].step)
+        self._open(0, restore_s=0.0)
+
+    def _open(self, from_step: int, restore_s: float) -> None:
+        self.from_step = self.last_step = from_step
+        self.records = open_records(self.cfg, self.env, self.root, self.attempt_id, from_step)
+        self.writer, self.losses, self.attempts = self.records.writer, self.records.losses, self.records.root
+        self.telemetry = Telemetry() if self.env.rank != 0 else RankZeroTelemetry(
+            attempts_root=self.attempts, attempt=self.records.attempt, entered_at=self.entered_at,
+            max_steps=self.max_steps, tokens_per_step=0, flops_per_token=None, peak=None, run_name=self.cfg.run.name,
+            writer=self.writer, log_every=self.cfg.train.log_every)
+        self.telemetry.started(time.time() - self.entered_at - restore_s, restore_s)
+        self.cadence = Cadence(self.cfg, self.max_steps, from_step, self.env.device, self.env.preemption_deadline)
+        self._last_report_at = time.perf_counter()
+
+    def _mean_step_s(self) -> float:
+        timed = [r["s"] for step, r in self.steps.items() if step > self.from_step + 1]
+        return sum(timed) / len(timed) if timed else 0.0
+
+    def _warn_if_never_committed(self, step: int) -> None:
+        every = nominal_every_steps(self.cfg.checkpoint.every_steps)
+        if (step - self.from_step > every and not self.files.committed and not self.files.in_flight
+                and "commit" not in self._warned):
+            self._warned.add("commit")
+            log.warning("step %d: nothing has been checkpointed in %d steps (checkpoint.every_steps=%s): call "
+                        "spotray.commit(dir, step) after saving where spotray.should_save(step) is true, or a "
+                        "preemption loses every step", step, step - self.from_step, self.cfg.checkpoint.every_steps)
+
+
+def _rank_zero_memory(device) -> dict[str, list[int] | None]:
+    """``memory.all_ranks``' shape with rank 0's figures alone: a report is not a collective."""
+    return {kind: None if value is None else [value] for kind, value in memory.this_rank(device).items()}
+
+
+def check_world_size(cfg: TrainConfig, saved_by: int, workers: int) -> None:
+    """A script's checkpoint resumes at the world size that saved it unless ``script.allow_world_size_change``."""
+    if saved_by != workers and not cfg.script.allow_world_size_change:
+        raise ConfigError("scaling.num_workers",
+                          f"{workers} workers, but the run's newest checkpoint was saved by {saved_by}",
+                          f"use scaling.num_workers={saved_by}, or set script.allow_world_size_change=true (a "
+                          "Trainer then restores no per-rank RNG state, and its data order may differ)")
+
+
+_current: Session | None = None
+
+
+def begin(session: Session | None) -> None:
+    """The worker's session (None: none), for the public calls below."""
+    global _current
+    _current = session
+
+
+def current() -> Session | None:
+    return _current
+
+
+def restore(directory: str) -> int | None:
+    """Fetch the run's newest committed checkpoint into ``directory`` (once per node) and return its step; None on a
+    first start. Call it on every rank, once, before training."""
+    return _current.restore(directory) if _current else _outside("restore", None)
+
+
+def should_save(step: int) -> bool:
+    """Whether to save and ``commit`` after ``step``: at checkpoint.every_steps, or at once after a preemption
+    notice (the same answer on every rank). Call it on every rank."""
+    return _current.should_save(step) if _current else _outside("should_save", False)
+
+
+def commit(directory: str, step: int) -> None:
+    """Upload what the ranks saved to ``directory`` as ``step``'s checkpoint; the commit marker follows once every
+    rank's files are in storage. Returns while the upload goes on, except after a notice. Call it on every rank."""
+    return _current.commit(directory, step) if _current else _outside("commit", None)
+
+
+def report(step: int, tokens: int | None = None, **metrics: float) -> None:
+    """Record ``step`` in the run's ledger: its time, ``tokens`` (all ranks'), and metrics (``loss``,
+    ``learning_rate``, ``grad_norm``). Rank 0's reports are kept; other ranks may call it too."""
+    return _current.report(step, tokens, **metrics) if _current else _outside("report", None)
+
+
+def should_stop() -> bool:
+    """True once a notice's checkpoint committed and the worker group moves to other capacity: end training
+    without the work that follows a finished run (the attempt ends; the run resumes elsewhere)."""
+    return _current.should_stop() if _current else False
+
+
+_told: set[str] = set()
+
+
+def _outside(call: str, result):
+    if not _told:
+        log.warning("spotray.%s: not running under `spotray train --script`: spotray's calls do nothing here", call)
+    _told.add(call)
+    return result
