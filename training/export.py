@@ -24,7 +24,7 @@ from spotray.checkpoint import (
     read_model_record,
 )
 from spotray.data.hf_byte_tokenizer import byte_tokenizer_files
-from spotray.data.tokenizer import ByteTokenizer
+from spotray.data.tokenizer import BYTES, ByteTokenizer
 from spotray.errors import CheckpointError, SpotrayError
 from spotray.storage import Location, StorageOptions, resolve
 from spotray.tasks.gpt import to_gpt2
@@ -61,8 +61,7 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     files = _write_weights(checkpoint, names, rename, out_dir)
     hf_config = record.get("hf_config")
     tokenizer_files = {"tokenizer.json": tokenizer} if tokenizer is not None else {}
-    if tokenizer is None and hf_config and record.get("task") in BUILT_IN_TASKS:
-        # No tokenizer.json was copied from the dataset: it was prepared with the byte tokenizer.
+    if tokenizer is None and hf_config and _trained_on_bytes(record):
         tokenizer_files = byte_tokenizer_files()
         eot = ByteTokenizer.eot_token
         hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
@@ -72,6 +71,14 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
         out_dir.child(name).write_bytes(data)
     return {"step": checkpoint.step, "out": out, "files": files, "config": bool(hf_config),
             "tokenizer": list(tokenizer_files)}
+
+
+def _trained_on_bytes(record: dict) -> bool:
+    """The model record names the dataset's tokenizer; an older one does not, and then a built-in task with no
+    tokenizer.json copied from its dataset was trained on bytes."""
+    if "tokenizer" in record:
+        return record["tokenizer"] == BYTES
+    return record.get("task") in BUILT_IN_TASKS
 
 
 def _pick(run_root: Location, step: int | None) -> CommittedCheckpoint:

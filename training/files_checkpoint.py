@@ -49,6 +49,7 @@ class FilesCheckpoints:
         self.committed: list[int] = []  # steps this attempt committed, oldest first
         self.last_save_s: float | None = None
         self.bytes_read = 0  # by this rank's downloads, for the restore's one-copy-per-node check
+        self.nbytes = 0  # of the last commit, all ranks' files
 
     def commit(self, local_dir: str, step: int) -> None:
         """Start committing what the ranks wrote to ``local_dir`` as ``step``; returns once uploads are under way."""
@@ -59,6 +60,7 @@ class FilesCheckpoints:
             raise CheckpointError(f"spotray.commit({local_dir!r}, {step}): the directory holds no files on any node; "
                                   "commit the directory the script saved to, after saving")
         mine = _assigned(listings, self.rank)
+        self.nbytes = sum({name: size for listing in reversed(listings) for name, size in listing.items()}.values())
         location = self.checkpointer.root.child(f"step_{step:09d}")
         started = time.monotonic()
         self._pending = (step, self._pool.submit(self._upload, Path(local_dir), mine, location, step, started))
@@ -98,6 +100,9 @@ class FilesCheckpoints:
         all_gather_objects(None, self._group)  # the marker is written: every rank may count the step as committed
         self.committed.append(step)
         self.last_save_s = time.monotonic() - started
+        if self.rank == 0:
+            log.info("checkpoint of step %d committed: %d files, %.1f MB uploaded in %.2fs", step,
+                     sum(len(part) for _, part in reports), self.nbytes / 1e6, self.last_save_s)
         return True
 
     def restore(self, local_dir: str, candidates: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:

@@ -12,12 +12,15 @@ runs once, when the run is complete.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
 from transformers import TrainerCallback
 
 from spotray import session as sessions
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's name for the directory of step N: checkpoint-N
 
@@ -37,6 +40,16 @@ class SpotrayCallback(TrainerCallback):
 
     def __init__(self):
         self.tokens_seen = 0
+        self.warned_space = False
+
+    def _check_space(self, output_dir: str, checkpoint_bytes: int) -> None:
+        """Once: the disk must hold the next checkpoint beside the newest (the one still uploading)."""
+        free = shutil.disk_usage(output_dir).free
+        if free < 2 * checkpoint_bytes and not self.warned_space:
+            self.warned_space = True
+            log.warning("output_dir %s has %.1f GiB free, two checkpoints need %.1f GiB: point output_dir at "
+                        "$%s (the RayJob's local volume) or a larger disk", os.path.abspath(output_dir),
+                        free / 2**30, 2 * checkpoint_bytes / 2**30, sessions.LOCAL_DIR_ENV)
 
     def on_train_begin(self, args, state, control, **kwargs):
         session = sessions.current()
@@ -63,6 +76,7 @@ class SpotrayCallback(TrainerCallback):
         step = state.global_step
         session.commit(os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{step}"), step)
         _remove_committed(args.output_dir, session.files.committed, state.best_model_checkpoint)
+        self._check_space(args.output_dir, session.files.nbytes)
         if session.should_stop():
             raise sessions.MovedOn(step)
 

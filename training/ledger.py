@@ -185,9 +185,10 @@ class LossLog:
         self.lines: dict[int, str] = {}
 
     def record(self, step: int, loss: float | None, seconds: float, lr: float | None = None,
-               grad_norm: float | None = None) -> None:
+               grad_norm: float | None = None, tokens: int | None = None) -> None:
         self.losses[step] = loss
-        self.lines[step] = json.dumps({"step": step, "loss": loss, "s": round(seconds, 6), "lr": lr, "gn": grad_norm})
+        self.lines[step] = json.dumps({"step": step, "loss": loss, "s": round(seconds, 6), "lr": lr, "gn": grad_norm,
+                                       "tok": tokens})
 
     def flush(self) -> None:
         self.writer.put(self.location, "".join(f"{self.lines[s]}\n" for s in sorted(self.lines)))
@@ -237,11 +238,12 @@ class StepRecord:
     seconds: float
     lr: float | None = None
     grad_norm: float | None = None
+    tokens: int | None = None  # trained at this step, all ranks (a task's loss units where they are not tokens)
 
 
 def read_steps(root: Location, attempt_id: str) -> dict[int, StepRecord]:
     """step -> what one attempt recorded for it (empty if it recorded nothing)."""
-    return {step: StepRecord(attempt_id, r["loss"], float(r.get("s", 0.0)), r.get("lr"), r.get("gn"))
+    return {step: StepRecord(attempt_id, r["loss"], float(r.get("s", 0.0)), r.get("lr"), r.get("gn"), r.get("tok"))
             for step, r in _read_jsonl(root, attempt_id, _LOSSES_FILE).items()}
 
 

@@ -282,7 +282,7 @@ def _record_failure(telemetry: Telemetry, writer: ledger.RecordWriter, exc: Base
 def _record_model(cfg: TrainConfig, root: Location, parts: TrainingParts) -> None:
     spec = parts.task.export_spec()
     record = {"task": cfg.model.task or cfg.model.kind, "hf_config": spec.hf_config if spec else None,
-              "rename": spec.rename if spec else None}
+              "rename": spec.rename if spec else None, "tokenizer": getattr(parts.dataset, "tokenizer", None)}
     write_model_record(root, record, getattr(parts.dataset, "tokenizer_file", None))
 
 
@@ -517,7 +517,7 @@ def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, 
         value = total / per_step
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
-        losses.record(step, value, seconds, result.lr, norm)
+        losses.record(step, value, seconds, result.lr, norm, tokens=per_step)
 
 
 def shared_attempt_id() -> str:

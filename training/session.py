@@ -48,6 +48,7 @@ class Session:
                                          keep_last=cfg.checkpoint.keep_last, attempt_id=self.attempt_id)
         self.files = FilesCheckpoints(self.checkpointer)
         self.max_steps = cfg.train.max_steps
+        self.planned = False  # whether the script said how many steps it trains (``plan``)
         self.records: Records | None = None
         self.from_step = 0
         self.steps: dict[int, dict] = {}  # step -> what was reported of it (seconds, loss, lr, grad norm)
@@ -58,7 +59,7 @@ class Session:
 
     def plan(self, max_steps: int) -> None:
         """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
-        self.max_steps = max_steps
+        self.max_steps, self.planned = max_steps, True
         if self.records is not None:
             self.cadence = Cadence(self.cfg, max_steps, self.from_step, self.env.device,
                                    self.env.preemption_deadline)
@@ -76,6 +77,7 @@ class Session:
         return restored.step if restored else None
 
     def should_save(self, step: int) -> bool:
+        """At the interval, after a notice, and at the planned last step: what the run ends with is committed."""
         self._ensure_open()
         if self._notice is not None:
             return True
@@ -86,7 +88,7 @@ class Session:
             else:
                 self._notice = (step, deadline, time.time())
                 return True
-        return self.cadence.save_due(step)
+        return self.cadence.save_due(step) or self.planned and step == self.max_steps
 
     def commit(self, directory: str, step: int) -> None:
         self._ensure_open()
@@ -95,6 +97,7 @@ class Session:
         notice = self._notice
         committed = self.files.wait() if notice else None  # a notice's checkpoint must be in storage before going
         blocked = time.perf_counter() - started
+        log.info("step %d: training waited %.3fs for its commit to start", step, blocked)
         self.telemetry.checkpoint(blocked, self.files.last_save_s)
         self.cadence.saved(step, blocked, self.files.last_save_s or blocked, self._mean_step_s())
         if notice is not None:
@@ -123,12 +126,13 @@ class Session:
         record = self.steps[step]
         record.update({k: v for k, v in metrics.items() if v is not None})
         if tokens:
+            record["tokens"] = tokens
             self.telemetry.tokens_per_step = tokens
         self._warn_if_never_committed(step)
         if self.env.rank != 0:
             return
         self.losses.record(step, record.get("loss"), record["s"], record.get("learning_rate", record.get("lr")),
-                           record.get("grad_norm"))
+                           record.get("grad_norm"), record.get("tokens"))
         self.losses.flush()
         if "loss" in metrics:
             self.telemetry.logged(step, record["loss"], record.get("learning_rate", record.get("lr", 0.0)),

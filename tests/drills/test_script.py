@@ -10,57 +10,76 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spotray import ledger
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster
 from spotray.examples import hf_finetune
-from spotray.storage import resolve
+from spotray.storage import Location, resolve
 from tests.drills.test_preemption import wait_until
 from tests.repo import REPO, readme_example
 
 MAX_STEPS = 40
 
 
-def start_script(project: Path, runs: Path, cluster: LocalCluster) -> subprocess.Popen:
+def start_script(project: Path, runs: Path, cluster: LocalCluster, *script_args: str) -> subprocess.Popen:
     """README's command as shown, with where the run goes and how often it checkpoints added."""
     shown = shlex.split(readme_example("script-example"))
     assert shown[:2] == ["spotray", "train"] and shown[-2:] == ["--max-steps", str(MAX_STEPS)], shown
     at = shown.index("--")
     added = ["--json", "--set", f"checkpoint.path={runs}", "--set", "run.name=hf", "--set", "checkpoint.every_steps=10"]
-    cmd = [str(Path(sys.executable).parent / "spotray"), *shown[1:at], *added, *shown[at:]]
+    cmd = [str(Path(sys.executable).parent / "spotray"), *shown[1:at], *added, *shown[at:], *script_args]
     with open(project / "summary.json", "w") as out, open(project / "driver.log", "w") as err:
         return subprocess.Popen(cmd, cwd=project, env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
                                 stdout=out, stderr=err)
 
 
-def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
+def run_drill(tmp_path, fault: str, *script_args: str) -> tuple[dict, str, Location]:
+    """The README's command from a user's project directory; once step 10 is committed, the fault hits the node of
+    a worker and a replacement node joins. Returns the summary, the console and the run's root."""
     project, runs = tmp_path / "project", tmp_path / "runs"
     project.mkdir()
     shutil.copy(hf_finetune.__file__, project / "finetune.py")  # the example as a user has it: two lines added
     assert_two_lines_as_in_readme(project / "finetune.py")
     root = resolve(str(runs)).child("hf")
     with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        driver = start_script(project, runs, cluster)
+        driver = start_script(project, runs, cluster, *script_args)
         wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
                    "a checkpoint of step 10", project, driver)
-        cluster.preempt_with_notice(cluster.nodes[-1])
+        (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
         cluster.add_node()
         driver.wait(timeout=400)
     console = (project / "driver.log").read_text()
     assert driver.returncode == 0, console[-4000:]
     summary = json.loads((project / "summary.json").read_text())
     assert summary["final_step"] == MAX_STEPS
+    newest = list_committed(checkpoints_root(root))[0]
+    assert newest.step == MAX_STEPS and newest.is_files
+    return summary, console, root
+
+
+def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
+    summary, console, root = run_drill(tmp_path, "notice")
     assert [(e["kind"], e["lost_steps"]) for e in summary["events"]] == [("notice", 0)], summary["events"]
     attempts = root.child("attempts")
     (first, second) = ledger.read_attempts(attempts)
     assert second.from_step == max(ledger.read_steps(attempts, first.attempt_id)), "resumed at the notice's step"
     newest = list_committed(checkpoints_root(root))[0]
-    assert newest.step == MAX_STEPS and newest.is_files
     assert {"files/rng_state_0.pth", "files/rng_state_1.pth", "files/model.safetensors"} <= set(newest.files)
     assert "PREEMPTION NOTICE at step" in console and "RESUMED from step" in console, console
-    status = subprocess.run([str(Path(sys.executable).parent / "spotray"), "status", str(runs / "hf")],
+    status = subprocess.run([str(Path(sys.executable).parent / "spotray"), "status", root.path],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "notice" in status.stdout and "goodput" in status.stdout, status.stdout
+
+
+@pytest.mark.slow  # the notice drill above runs in make test
+def test_a_kill_costs_a_trainer_script_at_most_one_checkpoint_interval(tmp_path):
+    summary, console, root = run_drill(tmp_path, "kill")
+    (event,) = summary["events"]
+    assert event["kind"] == "kill" and 0 <= event["lost_steps"] <= 10, event
+    (first, second) = ledger.read_attempts(root.child("attempts"))
+    assert second.from_step >= 10 and second.from_step % 10 == 0, "resumed from a committed interval's step"
 
 
 def assert_two_lines_as_in_readme(script: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -141,3 +142,19 @@ def test_spotrays_loop_and_a_scripts_session_keep_the_same_cadence(tmp_path, mon
     current.report(1, loss=1.0)
     current.should_save(1)
     assert {"save_due", "notice"} <= set(asked[from_loop:])
+
+
+def test_a_failing_script_is_one_line_and_with_debug_waits_in_rays_post_mortem_debugger(tmp_path, monkeypatch):
+    from ray.util import debugpy
+
+    from spotray.script import ScriptFailed, run_on_worker
+
+    caught = []
+    monkeypatch.setattr(debugpy, "_post_mortem", lambda: caught.append(sys.exc_info()[1]))
+    script = tmp_path / "train.py"
+    script.write_text("raise ValueError('no column named text')\n")
+    for debug in (False, True):
+        raw = {**script_config(tmp_path / "runs"), "script": {"path": str(script), "debug": debug}}
+        with pytest.raises(ScriptFailed, match=r"^rank 0: ValueError: no column named text$"):
+            run_on_worker(config.from_dict(raw), WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
+    assert [type(exc) for exc in caught] == [ValueError], "only with --debug, on the script's own error"

@@ -37,10 +37,6 @@ class LanguageModelTask:
     def open_val_dataset(self) -> TokenDataset:
         return self.val_dataset
 
-    def evaluate(self, model: torch.nn.Module, batch: torch.Tensor) -> dict[str, tuple[torch.Tensor, int]]:
-        """The validation loss: summed next-token cross-entropy and its token count (perplexity follows from it)."""
-        return {"val_loss": self.loss(model, batch)}
-
     def build_model(self) -> torch.nn.Module:
         raise NotImplementedError
 
