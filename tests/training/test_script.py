@@ -40,20 +40,34 @@ def test_a_missing_or_broken_script_is_refused_before_anything_starts(tmp_path, 
     assert expected in one_error_line(capsys.readouterr().err) and not runs.exists()
 
 
-def test_a_world_size_change_is_refused_unless_allowed_and_nothing_is_touched(tmp_path, capsys):
-    (tmp_path / "finetune.py").write_text("print('trained')\n")
-    runs = tmp_path / "runs"
+def committed_script_checkpoint(runs: Path, world_size: int = 2) -> None:
+    """A script's step 10, committed by ``world_size`` workers."""
     step = runs / "s" / "checkpoints" / "step_000000010"
     (step / "files").mkdir(parents=True)
     (step / "files" / "rng_state_0.pth").write_bytes(b"x")
-    (step / COMMIT_MARKER).write_text(json.dumps({"step": 10, "world_size": 2, "format": FILES_FORMAT,
+    (step / COMMIT_MARKER).write_text(json.dumps({"step": 10, "world_size": world_size, "format": FILES_FORMAT,
                                                   "files": {"files/rng_state_0.pth": {"size": 1, "crc32": 0}}}))
+
+
+def test_a_world_size_change_is_refused_unless_allowed_and_nothing_is_touched(tmp_path, capsys):
+    (tmp_path / "finetune.py").write_text("print('trained')\n")
+    runs = tmp_path / "runs"
+    committed_script_checkpoint(runs)
     before = listing(runs)
     code = main(["train", "--script", str(tmp_path / "finetune.py"), "--set", f"checkpoint.path={runs}",
                  "--set", "run.name=s", "--set", "scaling.num_workers=3"])
     line = one_error_line(capsys.readouterr().err)
     assert code == 2 and "scaling.num_workers" in line and "saved by 2" in line and "allow_world_size_change" in line
     assert listing(runs) == before
+
+
+def test_status_lists_a_scripts_checkpoint_and_export_refuses_it_in_one_line(tmp_path, capsys):
+    committed_script_checkpoint(tmp_path / "runs")
+    run = str(tmp_path / "runs" / "s")
+    assert main(["status", run]) == 0 and "step 10 (1 B, script files" in capsys.readouterr().out
+    assert main(["export", run, "--out", str(tmp_path / "model")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "step 10 holds a training script's own files" in line and not (tmp_path / "model").exists()
 
 
 def test_script_arguments_and_debug_need_a_script(capsys):
