@@ -93,7 +93,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
     else:
-        from spotray.report import format_summary
+        from spotray.summary import format_summary
 
         print(format_summary(summary))
 
@@ -120,7 +120,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 def _cmd_demo(args: argparse.Namespace) -> None:
     from spotray import demo
     from spotray.launch import write_summary
-    from spotray.report import format_table
+    from spotray.summary import format_table
 
     summary = demo.run(args.workdir, tuple(args.set or ()))
     print(format_table(summary))

@@ -24,9 +24,14 @@ def clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def step_of(step: int, total: int | None) -> str:
+    """``12/40``, or ``12`` for a script that did not say how many steps it trains."""
+    return f"{step}/{total}" if total else str(step)
+
+
 def progress_line(status: dict, tokens_per_step: int) -> str:
     step, total = status.get("step") or 0, status["max_steps"]
-    parts = [f"step {step}/{total}"]
+    parts = [f"step {step_of(step, total)}"]
     if status.get("loss") is not None:
         parts.append(f"loss {status['loss']:.4f}")
     if status.get("val_loss") is not None:
@@ -36,7 +41,7 @@ def progress_line(status: dict, tokens_per_step: int) -> str:
         parts.append(f"{tokens_per_s:,.0f} tok/s")
     if status.get("goodput") is not None:
         parts.append(f"goodput {100 * status['goodput']:.0f}%")
-    if tokens_per_s and step < total:
+    if tokens_per_s and total and step < total:
         parts.append(f"ETA {clock((total - step) * tokens_per_step / tokens_per_s)}")
     return " | ".join(parts)
 

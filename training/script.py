@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -77,6 +78,8 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
     working dir as its current directory, and torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE ...) set."""
     if env.device.type == "cuda":
         torch.cuda.set_device(env.device)
+    else:  # a plain Accelerator() then joins the process group instead of training alone on each CPU worker
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     session = sessions.Session(cfg, env)
     sessions.begin(session)
     argv, path = sys.argv, cfg.script.path

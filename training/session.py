@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import time
 
@@ -47,8 +48,7 @@ class Session:
         self.checkpointer = Checkpointer(self.root, rank=env.rank, world_size=env.world_size,
                                          keep_last=cfg.checkpoint.keep_last, attempt_id=self.attempt_id)
         self.files = FilesCheckpoints(self.checkpointer)
-        self.max_steps = cfg.train.max_steps
-        self.planned = False  # whether the script said how many steps it trains (``plan``)
+        self.max_steps: int | None = None  # the steps the script trains, once it says (``plan``)
         self.records: Records | None = None
         self.from_step = 0
         self.steps: dict[int, dict] = {}  # step -> what was reported of it (seconds, loss, lr, grad norm)
@@ -59,13 +59,14 @@ class Session:
 
     def plan(self, max_steps: int) -> None:
         """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
-        self.max_steps, self.planned = max_steps, True
+        self.max_steps = max_steps
         if self.records is not None:
-            self.cadence = Cadence(self.cfg, max_steps, self.from_step, self.env.device,
-                                   self.env.preemption_deadline)
+            self.cadence = self._cadence()
             self.telemetry.planned(max_steps)
 
-    def restore(self, directory: str) -> int | None:
+    def restore(self, directory: str, max_steps: int | None = None) -> int | None:
+        if max_steps is not None:
+            self.plan(max_steps)
         if self.records is not None:
             raise SpotrayError("spotray.restore: call it once per attempt, before the first step")
         started = time.time()
@@ -88,7 +89,7 @@ class Session:
             else:
                 self._notice = (step, deadline, time.time())
                 return True
-        return self.cadence.save_due(step) or self.planned and step == self.max_steps
+        return self.cadence.save_due(step) or step == self.max_steps
 
     def commit(self, directory: str, step: int) -> None:
         self._ensure_open()
@@ -182,8 +183,13 @@ class Session:
             max_steps=self.max_steps, tokens_per_step=0, flops_per_token=None, peak=None, run_name=self.cfg.run.name,
             writer=self.writer, log_every=self.cfg.train.log_every)
         self.telemetry.started(time.time() - self.entered_at - restore_s, restore_s)
-        self.cadence = Cadence(self.cfg, self.max_steps, from_step, self.env.device, self.env.preemption_deadline)
+        self.cadence = self._cadence()
         self._last_report_at = time.perf_counter()
+
+    def _cadence(self) -> Cadence:
+        """Until the script says how many steps it trains, notices are heeded at any step."""
+        return Cadence(self.cfg, self.max_steps or sys.maxsize, self.from_step, self.env.device,
+                       self.env.preemption_deadline)
 
     def _mean_step_s(self) -> float:
         timed = [r["s"] for step, r in self.steps.items() if step > self.from_step + 1]
@@ -226,10 +232,11 @@ def current() -> Session | None:
     return _current
 
 
-def restore(directory: str) -> int | None:
+def restore(directory: str, max_steps: int | None = None) -> int | None:
     """Fetch the run's newest committed checkpoint into ``directory`` (once per node) and return its step; None on a
-    first start. Call it on every rank, once, before training."""
-    return _current.restore(directory) if _current else _outside("restore", None)
+    first start. Call it on every rank, once, before training. ``max_steps``: the steps the script trains (progress
+    lines, the interval's bound, and a commit at the last step)."""
+    return _current.restore(directory, max_steps) if _current else _outside("restore", None)
 
 
 def should_save(step: int) -> bool:
@@ -240,7 +247,8 @@ def should_save(step: int) -> bool:
 
 def commit(directory: str, step: int) -> None:
     """Upload what the ranks saved to ``directory`` as ``step``'s checkpoint; the commit marker follows once every
-    rank's files are in storage. Returns while the upload goes on, except after a notice. Call it on every rank."""
+    rank's files are in storage. Returns while the upload goes on (except after a notice), so save the next step to
+    another directory: the next ``commit`` returns once this upload has ended. Call it on every rank."""
     return _current.commit(directory, step) if _current else _outside("commit", None)
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spotray import goodput, ledger
+from spotray.progress import step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:
@@ -165,7 +166,8 @@ class Telemetry:
 class RankZeroTelemetry(Telemetry):
     """Rank 0's view: the attempt's clock in storage, live goodput, log lines and gauges."""
 
-    def __init__(self, *, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float, max_steps: int,
+    def __init__(self, *, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float,
+                 max_steps: int | None,
                  tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer, log_every)
@@ -236,7 +238,7 @@ class RankZeroTelemetry(Telemetry):
         self.clock.update(step=step, loss=loss, tokens_per_s=tokens_per_s, goodput=live, failed_saves=failed_saves)
         self.clock.flush()
         self.window_steps, self.window_s = 0, 0.0
-        log.info("step %d/%d loss %.4f lr %.2e %s goodput %.0f%%%s", step, self.max_steps, loss, lr,
+        log.info("step %s loss %.4f lr %.2e %s goodput %.0f%%%s", step_of(step, self.max_steps), loss, lr,
                  f"{tokens_per_s:,.0f} tok/s" if tokens_per_s else "", 100 * live,
                  f" mfu {100 * mfu:.1f}%" if mfu else "")
 
@@ -246,7 +248,7 @@ class RankZeroTelemetry(Telemetry):
         self.clock.update(val_loss=metrics.get("val_loss"), val_step=step)
         self.gauges.set(val_loss=metrics.get("val_loss"))
         self.clock.flush()
-        log.info("step %d/%d eval %s (%.2fs)", step, self.max_steps,
+        log.info("step %s eval %s (%.2fs)", step_of(step, self.max_steps),
                  " ".join(f"{name} {value:.4f}" for name, value in metrics.items()), seconds)
 
     def checkpoint(self, blocking_s: float, save_s: float | None) -> None:

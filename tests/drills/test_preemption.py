@@ -194,7 +194,7 @@ def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_
     assert console.count("WAITING for capacity") == 1, console
 
 
-@pytest.mark.slow  # make test ships a project on the local Ray (tests/training/test_user_task.py)
+@pytest.mark.slow  # test_runtime_env packages a project in make test; test_user_task's shipping test is slow too
 def test_a_shipped_project_reaches_the_workers_of_every_attempt_on_a_cluster(cluster, dataset_url, tmp_path):
     project = write_project(tmp_path / "project")
     (tmp_path / "ckpt").mkdir()

@@ -116,6 +116,9 @@ def test_bad_overrides(spotray, pair, needle, dataset_url):
     assert_one_line_error(spotray("train", "--set", f"data.path={dataset_url}", "--set", pair), needle)
 
 
+# The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
+# test_user_task trains through the console script, in make test.
+@pytest.mark.slow
 def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path):
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))

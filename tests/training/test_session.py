@@ -55,19 +55,6 @@ def commit_worker(rank: int, world_size: int, raw: dict, dirs: list[str], slow_r
     return {"uploaded_at": time.time()}
 
 
-def test_every_ranks_files_are_in_storage_once_before_the_commit_marker(tmp_path):
-    runs = tmp_path / "runs"
-    dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
-    run_on_process_group(commit_worker, (script_config(runs), dirs, 1), world_size=2)
-    (checkpoint,) = list_committed(checkpoints_root(resolve(str(runs)).child("s")))
-    assert checkpoint.is_files and checkpoint.world_size == 2
-    assert sorted(checkpoint.files) == ["files/model.safetensors", "files/rng_state_0.pth", "files/rng_state_1.pth"]
-    for name, entry in checkpoint.files.items():
-        stored = Path(checkpoint.location.child(name).path)
-        assert (stored.stat().st_size, zlib.crc32(stored.read_bytes())) == (entry["size"], entry["crc32"])
-        assert stored.stat().st_mtime <= checkpoint.committed_at, f"{name} was stored after the commit marker"
-
-
 def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> list[int]:
     """Both ranks restore into the same directory (one node): one of them downloads."""
     current = open_session(rank, world_size, raw)
@@ -78,12 +65,18 @@ def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> li
     return gathered
 
 
-def test_restore_downloads_each_file_once_per_directory_and_skips_a_checkpoint_cut_short(tmp_path):
+def test_files_reach_storage_once_before_the_marker_and_come_back_once_per_directory_never_cut_short(tmp_path):
     runs, raw = tmp_path / "runs", script_config(tmp_path / "runs")
     dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
-    run_on_process_group(commit_worker, (raw, dirs, None), world_size=2)
+    run_on_process_group(commit_worker, (raw, dirs, 1), world_size=2)
     root = checkpoints_root(resolve(str(runs)).child("s"))
     (good,) = list_committed(root)
+    assert good.is_files and good.world_size == 2
+    assert sorted(good.files) == ["files/model.safetensors", "files/rng_state_0.pth", "files/rng_state_1.pth"]
+    for name, entry in good.files.items():
+        stored = Path(good.location.child(name).path)
+        assert (stored.stat().st_size, zlib.crc32(stored.read_bytes())) == (entry["size"], entry["crc32"])
+        assert stored.stat().st_mtime <= good.committed_at, f"{name} was stored after the commit marker"
     # A newer checkpoint whose upload was cut short: its marker names a file that never arrived.
     cut = root.child("step_000000020")
     for name in good.files:
@@ -158,3 +151,10 @@ def test_a_failing_script_is_one_line_and_with_debug_waits_in_rays_post_mortem_d
         with pytest.raises(ScriptFailed, match=r"^rank 0: ValueError: no column named text$"):
             run_on_worker(config.from_dict(raw), WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
     assert [type(exc) for exc in caught] == [ValueError], "only with --debug, on the script's own error"
+
+
+def test_no_module_of_spotray_is_named_like_a_public_call():
+    """Importing ``spotray.x`` sets the attribute ``spotray.x``: a module named ``report`` would replace the call."""
+    package = Path(spotray.__file__).parent
+    modules = {path.stem for path in package.glob("*.py")} | {path.name for path in package.iterdir() if path.is_dir()}
+    assert not set(spotray._PUBLIC) & modules

@@ -42,7 +42,8 @@ class Follower:
         self.channels = [Channel(name, *_tracker(cfg, name, run_root), self.state, self._warn, retry_for_s,
                                  max_pending_points) for name in names]
         self.feed = LedgerFeed(ledger.attempts_root(run_root), cfg.train.log_every)
-        self.params, self.max_steps = flat_params(cfg.to_dict()), cfg.train.max_steps
+        # A script's run is complete when the script returns: it may train any number of steps.
+        self.params, self.max_steps = flat_params(cfg.to_dict()), None if cfg.script.path else cfg.train.max_steps
         self._saved = self.state.to_json()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-tracking")
@@ -69,7 +70,7 @@ class Follower:
         """After a clean exit: a run trained to ``train.max_steps`` is finished; one that stopped short of it
         (``train.stop_at_step``) is left for a rerun to continue, as after a failure."""
         for channel in self.channels:
-            if summary["final_step"] >= self.max_steps:
+            if self.max_steps is None or summary["final_step"] >= self.max_steps:
                 channel.finish(summary_scalars(summary))
             else:
                 channel.close()
