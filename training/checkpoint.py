@@ -27,6 +27,7 @@ import posixpath
 import time
 import warnings
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -489,12 +490,19 @@ class Checkpointer:
         if candidates and candidates[0].is_files:
             raise CheckpointError(f"{self.root.url} holds a training script's checkpoints (spotray train --script): "
                                   "resume it with the same --script, or train this config under a new run.name")
+        restored = self.restore_first(candidates, lambda c: self._load(c, state, per_rank_keys, prefetch))
+        self.last_committed = restored or self.last_committed
+        return restored
+
+    def restore_first(self, candidates: list[CommittedCheckpoint],
+                      load: Callable[[CommittedCheckpoint], str | None]) -> CommittedCheckpoint | None:
+        """The first of ``candidates`` that ``load`` reads (it returns None, or why it cannot: the same on every
+        rank); those before it are set aside. None where there are none; CheckpointError where none reads."""
         unreadable: list[tuple[CommittedCheckpoint, str]] = []
         for candidate in candidates:
-            reason = candidate.damage or self._load(candidate, state, per_rank_keys, prefetch)
+            reason = candidate.damage or load(candidate)
             if reason is None:
                 self.start_lineage(candidate.step, unreadable)
-                self.last_committed = candidate
                 return candidate
             log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
             unreadable.append((candidate, reason))

@@ -25,8 +25,8 @@ from spotray.drills.cluster import LocalCluster
 from spotray.errors import TrainingFailed
 from spotray.interval import nominal_every_steps
 from spotray.loop import run_root
-from spotray.summary import plot_losses
 from spotray.storage import Location, resolve
+from spotray.summary import plot_losses
 
 VAL_FRACTION = 0.02
 

@@ -107,20 +107,7 @@ class FilesCheckpoints:
 
     def restore(self, local_dir: str, candidates: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:
         """The newest of ``candidates`` that downloads intact, in ``local_dir`` on every node; None for none."""
-        unreadable: list[tuple[CommittedCheckpoint, str]] = []
-        for candidate in candidates:
-            reason = candidate.damage or self._fetch(candidate, Path(local_dir))
-            if reason is None:
-                self.checkpointer.start_lineage(candidate.step, unreadable)
-                return candidate
-            log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
-            unreadable.append((candidate, reason))
-        if unreadable:
-            steps = "; ".join(f"step {c.step}: {reason}" for c, reason in unreadable)
-            raise CheckpointError(f"no committed checkpoint under {self.checkpointer.root.url} could be read "
-                                  f"({steps}): restore them or start a new run.name")
-        self.checkpointer.start_lineage(0, [])
-        return None
+        return self.checkpointer.restore_first(candidates, lambda c: self._fetch(c, Path(local_dir)))
 
     def _fetch(self, candidate: CommittedCheckpoint, local_dir: Path) -> str | None:
         """One rank per directory downloads, the others wait; why it cannot be read (the same on every rank), or

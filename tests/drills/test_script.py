@@ -1,5 +1,6 @@
-"""A user's Hugging Face Trainer script, with spotray's two lines, on a real multi-node Ray cluster: a preemption
-notice costs no step, and the run resumes where the notice's checkpoint left it."""
+"""A user's own script on a real multi-node Ray cluster, run as the README shows: a Hugging Face Trainer with
+spotray's two lines, and an Accelerate loop with spotray's calls. A preemption notice costs no step and the run
+resumes where the notice's checkpoint left it; a kill costs at most one checkpoint interval."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from spotray import ledger
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster
-from spotray.examples import hf_finetune
+from spotray.examples import accelerate_loop, hf_finetune
 from spotray.storage import Location, resolve
 from tests.drills.test_preemption import wait_until
 from tests.repo import REPO, readme_example
@@ -23,28 +24,32 @@ from tests.repo import REPO, readme_example
 MAX_STEPS = 40
 
 
-def start_script(project: Path, runs: Path, cluster: LocalCluster, *script_args: str) -> subprocess.Popen:
-    """README's command as shown, with where the run goes and how often it checkpoints added."""
+def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, *script_args: str) -> subprocess.Popen:
+    """README's command as shown (for ``script``), with where the run goes and how often it checkpoints added."""
     shown = shlex.split(readme_example("script-example"))
-    assert shown[:2] == ["spotray", "train"] and shown[-2:] == ["--max-steps", str(MAX_STEPS)], shown
+    assert shown[:4] == ["spotray", "train", "--script", "finetune.py"], shown
+    assert shown[-2:] == ["--max-steps", str(MAX_STEPS)], shown
     at = shown.index("--")
-    added = ["--json", "--set", f"checkpoint.path={runs}", "--set", "run.name=hf", "--set", "checkpoint.every_steps=10"]
-    cmd = [str(Path(sys.executable).parent / "spotray"), *shown[1:at], *added, *shown[at:], *script_args]
+    added = ["--json", "--set", f"checkpoint.path={runs}", "--set", "run.name=drill", "--set",
+             "checkpoint.every_steps=10"]
+    cmd = [str(Path(sys.executable).parent / "spotray"), "train", "--script", script, *shown[4:at], *added,
+           *shown[at:], *script_args]
     with open(project / "summary.json", "w") as out, open(project / "driver.log", "w") as err:
         return subprocess.Popen(cmd, cwd=project, env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
                                 stdout=out, stderr=err)
 
 
-def run_drill(tmp_path, fault: str, *script_args: str) -> tuple[dict, str, Location]:
-    """The README's command from a user's project directory; once step 10 is committed, the fault hits the node of
-    a worker and a replacement node joins. Returns the summary, the console and the run's root."""
+def run_drill(tmp_path, fault: str, example=hf_finetune, *script_args: str) -> tuple[dict, str, Location]:
+    """The README's command on ``example`` (copied into a user's project directory); once step 10 is committed, the
+    fault hits the node of a worker and a replacement node joins. Returns the summary, the console and the run's
+    root."""
     project, runs = tmp_path / "project", tmp_path / "runs"
     project.mkdir()
-    shutil.copy(hf_finetune.__file__, project / "finetune.py")  # the example as a user has it: two lines added
-    assert_two_lines_as_in_readme(project / "finetune.py")
-    root = resolve(str(runs)).child("hf")
+    script = "finetune.py" if example is hf_finetune else Path(example.__file__).name
+    shutil.copy(example.__file__, project / script)  # the example as a user has it
+    root = resolve(str(runs)).child("drill")
     with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        driver = start_script(project, runs, cluster, *script_args)
+        driver = start_script(project, runs, cluster, script, *script_args)
         wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
                    "a checkpoint of step 10", project, driver)
         (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
@@ -59,14 +64,20 @@ def run_drill(tmp_path, fault: str, *script_args: str) -> tuple[dict, str, Locat
     return summary, console, root
 
 
-def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
-    summary, console, root = run_drill(tmp_path, "notice")
+def assert_resumed_at_the_notice(summary: dict, root: Location, *files: str) -> None:
     assert [(e["kind"], e["lost_steps"]) for e in summary["events"]] == [("notice", 0)], summary["events"]
     attempts = root.child("attempts")
     (first, second) = ledger.read_attempts(attempts)
     assert second.from_step == max(ledger.read_steps(attempts, first.attempt_id)), "resumed at the notice's step"
     newest = list_committed(checkpoints_root(root))[0]
-    assert {"files/rng_state_0.pth", "files/rng_state_1.pth", "files/model.safetensors"} <= set(newest.files)
+    assert set(files) <= set(newest.files), newest.files
+
+
+def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
+    assert_two_lines_as_in_readme(Path(hf_finetune.__file__))
+    summary, console, root = run_drill(tmp_path, "notice")
+    assert_resumed_at_the_notice(summary, root, "files/rng_state_0.pth", "files/rng_state_1.pth",
+                                 "files/model.safetensors")
     assert "PREEMPTION NOTICE at step" in console and "RESUMED from step" in console, console
     status = subprocess.run([str(Path(sys.executable).parent / "spotray"), "status", root.path],
                             capture_output=True, text=True, timeout=60)
@@ -75,7 +86,7 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
 
 @pytest.mark.slow  # the notice drill above runs in make test
 def test_a_kill_costs_a_trainer_script_at_most_one_checkpoint_interval(tmp_path):
-    summary, console, root = run_drill(tmp_path, "kill")
+    summary, _, root = run_drill(tmp_path, "kill")
     (event,) = summary["events"]
     assert event["kind"] == "kill" and 0 <= event["lost_steps"] <= 10, event
     (first, second) = ledger.read_attempts(root.child("attempts"))
@@ -89,3 +100,11 @@ def assert_two_lines_as_in_readme(script: Path) -> None:
     for call in ("callbacks=[spotray.hf.SpotrayCallback()]", "trainer.train(resume_from_checkpoint=spotray.hf."
                  "resume_checkpoint())"):
         assert call in readme and call in code, call
+
+
+@pytest.mark.slow  # the Trainer's notice drill runs in make test
+def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
+    summary, console, root = run_drill(tmp_path, "notice", accelerate_loop)
+    assert_resumed_at_the_notice(summary, root, "files/random_states_0.pkl", "files/random_states_1.pkl",
+                                 "files/model.safetensors", "files/optimizer.bin")
+    assert "MOVING ON from step" in console, "should_stop() ended the loop once the workers fit elsewhere"
