@@ -31,7 +31,8 @@ from spotray.storage import Location
 log = logging.getLogger(__name__)
 
 FILES_DIR = "files"
-CHUNK_BYTES = 16 * 2**20
+CHUNK_BYTES = 64 * 2**20
+DOWNLOAD_THREADS = 8  # files fetched at once: one GET stream each
 RESTORED_MARK = ".spotray-restored"  # in a directory ``restore`` filled, so that a later restore may replace it
 DISK_HEADROOM = 1.05
 
@@ -116,7 +117,11 @@ class FilesCheckpoints:
         where = (socket.gethostname(), os.path.realpath(local_dir))
         if all_gather_objects(where, self.checkpointer.group).index(where) == self.rank:
             try:
-                self.bytes_read += _download(candidate, local_dir)
+                started = time.monotonic()
+                read = _download(candidate, local_dir)
+                self.bytes_read += read
+                log.info("restored step %d into %s: %.1f MB read by this rank in %.2fs", candidate.step, local_dir,
+                         read / 1e6, time.monotonic() - started)
             except (CheckpointError, NotFound) as exc:
                 reason = str(exc)
             except SpotrayError as exc:  # an outage, a full disk: not a reason to skip the checkpoint
@@ -163,23 +168,33 @@ def _download(checkpoint: CommittedCheckpoint, local_dir: Path) -> int:
     _check_space(local_dir, checkpoint.nbytes)
     staging = local_dir.with_name(f".{local_dir.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
-    total = 0
-    for name, want in checkpoint.files.items():
-        target = staging / name.removeprefix(f"{FILES_DIR}/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        crc, size = 0, 0
-        with checkpoint.location.child(name).open_input() as f, open(target, "wb") as out:
-            while chunk := f.read(CHUNK_BYTES):
-                crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-                out.write(chunk)
-        total += size
-        if (size, crc) != (want["size"], want["crc32"]):
-            shutil.rmtree(staging, ignore_errors=True)
-            raise CheckpointError(f"{checkpoint.location.child(name).url} is corrupted: {size} bytes CRC32 {crc:08x}, "
-                                  f"{COMMIT_MARKER} records {want['size']} bytes CRC32 {want['crc32']:08x}")
+    def fetch(name: str) -> int:
+        return _get(checkpoint.location.child(name), checkpoint.files[name],
+                    staging / name.removeprefix(f"{FILES_DIR}/"))
+
+    try:
+        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="spotray-restore") as pool:
+            sizes = list(pool.map(fetch, checkpoint.files))
+    except CheckpointError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     (staging / RESTORED_MARK).write_text(str(checkpoint.step))
     _replace(local_dir, staging)
-    return total
+    return sum(sizes)
+
+
+def _get(source: Location, want: dict, target: Path) -> int:
+    """Streams one file down, checking its size and CRC32 against the marker's; bytes read."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    crc, size = 0, 0
+    with source.open_input() as f, open(target, "wb") as out:
+        while chunk := f.read(CHUNK_BYTES):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            out.write(chunk)
+    if (size, crc) != (want["size"], want["crc32"]):
+        raise CheckpointError(f"{source.url} is corrupted: {size} bytes CRC32 {crc:08x}, {COMMIT_MARKER} records "
+                              f"{want['size']} bytes CRC32 {want['crc32']:08x}")
+    return size
 
 
 def _replace(local_dir: Path, staging: Path) -> None:

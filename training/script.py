@@ -22,6 +22,7 @@ from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError, TrainingFailed
 from spotray.loop import WorkerEnv
 from spotray.storage import Location
+from spotray.telemetry import lost_peer
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
     except SpotrayError as exc:  # spotray's own one-line errors (a world-size change, a full disk)
         _failed(session, env, exc, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - the script's error, in one line; the traceback goes to the log
+        if lost_peer(exc):  # another rank's node vanished: Ray's restart, not the script's error
+            session.failed(exc)
+            raise
         _failed(session, env, exc, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     finally:
         sys.argv = argv

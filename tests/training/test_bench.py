@@ -37,6 +37,7 @@ def test_checkpoint_bench_on_s3():
     assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
 
 
+@pytest.mark.slow  # 1 minute on 2 cores; the checkpoint bench runs a bench in make test
 def test_throughput_bench():
     result = bench("throughput", "--steps", "3", "--rounds", "1")
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
@@ -120,3 +121,29 @@ def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
     assert result["corpus_mb"]["hf-bpe"] < result["corpus_mb"]["bytes"]  # one file of four
     assert_ratios(result["spotray_over_datasets"], "bytes", "hf-bpe")
     assert_ratios(result["spotray_over_datasets_median"], "bytes", "hf-bpe")
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["recovery", "--script", "--fault", "notice"], "--fault notice is not measured for a script"),
+    (["recovery", "--script", "--storage", "local,s3"], "give --storage s3"),
+    (["checkpoint", "--script"], "--script: only with `bench recovery`"),
+])
+def test_the_script_recovery_bench_refuses_what_it_does_not_measure_before_starting_anything(argv, error, capsys):
+    from spotray.cli import main
+
+    assert main(["bench", *argv, "--json"]) == 2  # a SpotrayError: one line, no traceback
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two multi-node kill drills with S3 on loopback: 5 minutes on 2 cores
+def test_recovery_bench_of_a_trainer_script_against_rays_integration():
+    # 50-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
+    result = bench("recovery", "--script", "--rounds", "1", "--steps", "50")
+    s3 = result["s3"]
+    for side in ("baseline", "spotray"):
+        (drill,) = s3[side]
+        assert drill["resumed_from"] >= 50 and drill["resumed_from"] % 50 == 0  # from a checkpoint
+        assert_ratios(drill, "recovery_s", "ray_s", "worker_s")
+        # Each of the 2 nodes read one whole checkpoint (one rank a node here), for either integration.
+        assert len(drill["bytes_read_per_node"]) == 2 and len(set(drill["bytes_read_per_node"].values())) == 1
+    assert_ratios(s3, "recovery_ratio", "recovery_ratio_median", "worker_ratio")

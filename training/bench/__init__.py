@@ -6,17 +6,27 @@ import argparse
 
 from spotray.errors import SpotrayError
 
+DEFAULT_STORAGES = "local,s3"  # of the checkpoint and recovery benches; with --script, s3
+
 
 def run_bench(which: str, args: argparse.Namespace) -> dict:
+    if getattr(args, "script", False):
+        if which != "recovery":
+            raise SpotrayError(f"--script: only with `bench recovery`, not `bench {which}`")
+        from spotray.bench.recovery_script import run
+
+        return run(_storages(args.storage or "s3"), s3_endpoint=args.s3_endpoint, preset=args.preset,
+                   rounds=args.rounds, every=args.steps or 5, fault=args.fault)
     if which == "checkpoint":
         from spotray.bench.checkpoint import run
 
-        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, repeats=args.steps or 3, preset=args.preset)
+        return run(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint, repeats=args.steps or 3,
+                   preset=args.preset)
     if which == "recovery":
         from spotray.bench.recovery import run
 
-        return run(_storages(args.storage), s3_endpoint=args.s3_endpoint, preset=args.preset, rounds=args.rounds,
-                   every=args.steps or 5, fault=args.fault)
+        return run(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint, preset=args.preset,
+                   rounds=args.rounds, every=args.steps or 5, fault=args.fault)
     if which == "pretrained":
         from spotray.bench.pretrained import run
 

@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=40)
     parser.add_argument("--save-steps", type=int, default=10)
     parser.add_argument("--output-dir", default="out")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP with one checkpoint file per rank (GPUs)")
     parser.add_argument("--n-layer", type=int, default=2)
     parser.add_argument("--n-head", type=int, default=2)
     parser.add_argument("--n-embd", type=int, default=64)
@@ -34,7 +35,9 @@ def main() -> None:
                                        n_positions=32, bos_token_id=0, eos_token_id=0))
     training_args = TrainingArguments(output_dir=args.output_dir, max_steps=args.max_steps, save_steps=args.save_steps,
                                       per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=5,
-                                      report_to="none", use_cpu=not torch.cuda.is_available(), seed=0)
+                                      report_to="none", use_cpu=not torch.cuda.is_available(), seed=0,
+                                      fsdp=args.fsdp or None,
+                                      fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"} if args.fsdp else None)
     trainer = Trainer(model=model, args=training_args, train_dataset=token_dataset(512, 32, 128),
                       callbacks=[spotray.hf.SpotrayCallback()])  # spotray: 1 of 2
     trainer.train(resume_from_checkpoint=spotray.hf.resume_checkpoint())  # spotray: 2 of 2

@@ -1,0 +1,250 @@
+"""``spotray bench recovery --script``: the kill drill of ``spotray bench recovery`` for a Hugging Face Trainer script.
+
+spotray: ``spotray/examples/hf_finetune.py`` (spotray's two lines: ``SpotrayCallback`` and
+``resume_from_checkpoint=spotray.hf.resume_checkpoint()``) run by ``spotray train --script``. Baseline: the same
+script with Ray's own integration (``RayTrainReportCallback``, ``ray.train.get_checkpoint().as_directory()``) under
+a plain ``TorchTrainer`` (``hf_ray_baseline.py``). Both save every ``--steps`` steps (the Trainer's ``save_steps``
+and spotray's ``checkpoint.every_steps`` alike), keep 2 checkpoints, and put them on S3 (moto on loopback): a
+GPT-2 built from ``--preset``'s shape, whose model + AdamW state is what a checkpoint holds.
+
+The drill and its clock are ``recovery``'s: a head plus 2 worker nodes of 1 CPU; once a checkpoint is in storage
+(plus 1 s), a worker node is SIGKILLed; 10 s later a replacement node starts; the clock runs from its start to the
+end of the first resumed step, as each job records it. Here every node also has its own temporary directory
+(``$TMPDIR``), as separate machines have their own disks: a node-local restore (spotray's default
+``$TMPDIR/spotray/<run>``, Ray's ``as_directory`` temp dir) is then per node, as on a real cluster, and not shared by
+all the local "nodes". Bytes read at restore are counted per node: for spotray, the restored directory on each
+node's disk (``FilesCheckpoints`` downloads into it and nothing else, so its size is that node's
+``bytes_read``); for Ray, the checkpoint directory ``as_directory`` gave each rank (one rank per node here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spotray import goodput, ledger
+from spotray.bench.common import machine, new_workdir
+from spotray.bench.recovery import CAPACITY_GAP_S, SETTLE_S, _best, _median, _Resumed, _wait
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.config import MODEL_PRESETS
+from spotray.drills.cluster import LocalCluster
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.errors import SpotrayError
+from spotray.files_checkpoint import RESTORED_MARK
+from spotray.storage import StorageOptions, resolve
+
+STEPS_OVER_EVERY = 6  # a run's steps over its checkpoint interval: the kill lands before the first run ends
+WORKERS = 2
+KEEP_LAST = 2
+
+
+@dataclass
+class _NodeDisks(LocalCluster):
+    """A local cluster whose nodes each have a temporary directory of their own (``$TMPDIR`` of the node's Ray
+    processes, so of its train workers): ``disks/<node name>``."""
+
+    disks: Path = field(default_factory=lambda: Path(new_workdir()))
+    _spawning: Path | None = field(default=None, init=False, repr=False)
+
+    def _spawn(self, name, args):
+        self._spawning = self.disks / name
+        self._spawning.mkdir(parents=True, exist_ok=True)
+        try:
+            return super()._spawn(name, args)
+        finally:
+            self._spawning = None
+
+    def node_env(self) -> dict:
+        # LocalCluster._spawn starts each node with node_env(): the variable reaches that node's processes alone.
+        env = super().node_env()
+        return {**env, "TMPDIR": str(self._spawning)} if self._spawning else env
+
+
+@dataclass
+class _Job:
+    proc: subprocess.Popen
+    checkpointed: Callable[[], bool]  # a checkpoint is in storage
+    resumed: Callable[[], _Resumed | None]  # read once the job ended
+    bytes_read: Callable[[Path], dict[str, int]]  # {node: bytes it read at restores}, from the nodes' disks
+
+
+def _script_args(preset: str, every: int) -> list[str]:
+    n_layer, n_head, n_embd = MODEL_PRESETS[preset]
+    return ["--max-steps", str(STEPS_OVER_EVERY * every), "--save-steps", str(every), "--n-layer", str(n_layer),
+            "--n-head", str(n_head), "--n-embd", str(n_embd)]
+
+
+def _spotray_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
+                 cluster: LocalCluster, log: Path) -> _Job:
+    overrides = [f"checkpoint.path={ckpt_url}", f"run.name={name}", f"scaling.num_workers={WORKERS}",
+                 f"checkpoint.every_steps={every}", f"checkpoint.keep_last={KEEP_LAST}", "train.log_every=1",
+                 "env.on_nodes=true",  # the nodes inherit the storage credentials, as the RayJob's pods get them
+                 f"storage.endpoint_url={endpoint}"]
+    cmd = [sys.executable, "-m", "spotray.cli", "train", "--script", script.name,
+           *[arg for override in overrides for arg in ("--set", override)], "--", *args]
+    proc = subprocess.Popen(cmd, cwd=script.parent, env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    root = resolve(ckpt_url, StorageOptions(endpoint_url=endpoint)).child(name)
+    attempts = ledger.attempts_root(root)
+
+    def checkpointed() -> bool:
+        return bool(list_committed(checkpoints_root(root), warn=False))
+
+    def resumed() -> _Resumed | None:
+        found = ledger.read_attempts(attempts)
+        status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
+        if not (status or {}).get("first_step_at"):
+            return None
+        return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
+                        {"restore": status["restore_s"]})
+
+    def bytes_read(disks: Path) -> dict[str, int]:
+        """The restored directory of each node (``hf.resume_checkpoint``'s, under the node's ``$TMPDIR``)."""
+        found = {}
+        for restored in sorted(disks.glob(f"*/spotray/{name}/resume/checkpoint")):
+            node = restored.relative_to(disks).parts[0]
+            found[node] = sum(p.stat().st_size for p in restored.rglob("*") if p.is_file() and p.name != RESTORED_MARK)
+        return found
+
+    return _Job(proc, checkpointed, resumed, bytes_read)
+
+
+def _baseline_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
+                  cluster: LocalCluster, log: Path) -> _Job:
+    progress = log.with_suffix(".progress.json")
+    job = {"name": name, "storage": f"{ckpt_url}/ray", "endpoint": endpoint, "args": args, "workers": WORKERS,
+           "max_failures": 3, "keep_last": KEEP_LAST, "progress": str(progress)}
+    proc = subprocess.Popen([sys.executable, "-m", "spotray.bench.hf_ray_baseline", json.dumps(job)],
+                            env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+
+    def read() -> dict:
+        try:
+            return json.loads(progress.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def resumed() -> _Resumed | None:
+        attempts = read().get("attempts", [])
+        if len(attempts) < 2:
+            return None
+        from_step, entered_at, first_step_at, restore_s = attempts[-1]
+        return _Resumed(from_step, entered_at, first_step_at, {"restore": restore_s})
+
+    def bytes_read(disks: Path) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for ranks in progress.parent.glob(f"{progress.name}.rank*.jsonl"):
+            for line in ranks.read_text().splitlines():
+                record = json.loads(line)
+                found[record["node"]] = found.get(record["node"], 0) + record["bytes"]
+        return dict(sorted(found.items()))
+
+    return _Job(proc, lambda: "checkpointed" in read(), resumed, bytes_read)
+
+
+def _drill(start_job, name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
+           workdir: Path) -> dict:
+    """``recovery``'s kill drill on a cluster of separate node disks; the seconds from the replacement node's start
+    to the end of the first resumed step (Ray's part, until the train function runs, and the worker's), and the
+    bytes each node read at restore."""
+    log = workdir / f"{name}.log"
+    disks = workdir / f"disks-{name}"
+    # The nodes have the endpoint as the RayJob's pods have it: Ray's runtime-env agent fetches the script's folder,
+    # which spotray ships to the run's storage, with boto3's defaults, not with storage.endpoint_url.
+    cluster = _NodeDisks(workdir / f"ray-{name}", drain_timeout_s=20, env={"AWS_ENDPOINT_URL_S3": endpoint},
+                         disks=disks)
+    with cluster.start(workers=WORKERS):
+        job = start_job(name, ckpt_url, endpoint, args, every, script, cluster, log)
+        try:
+            _wait(job.checkpointed, job.proc, "a first checkpoint", log)
+            time.sleep(SETTLE_S)
+            cluster.kill(cluster.nodes[-1])
+            time.sleep(CAPACITY_GAP_S)
+            back_at = time.time()  # the replacement machine is up and starts Ray
+            # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
+            cluster.add_node(wait=False)
+            job.proc.wait(timeout=900)
+        finally:
+            job.proc.kill()
+    resumed = job.resumed() if job.proc.returncode == 0 else None
+    if resumed is None:
+        raise SpotrayError(f"recovery bench: {name} failed or never resumed; see {log}")
+    read = job.bytes_read(disks)
+    shutil.rmtree(disks, ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
+    return {"recovery_s": round(resumed.first_step_at - back_at, 2),
+            "ray_s": round(resumed.entered_at - back_at, 2),
+            "worker_s": round(resumed.first_step_at - resumed.entered_at, 2),
+            "restore_s": round(resumed.phases["restore"], 2),
+            "resumed_from": resumed.from_step,
+            "bytes_read_per_node": read}
+
+
+def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
+        every: int = 5, fault: str = "kill") -> dict:
+    if fault != "kill":
+        raise SpotrayError(f"bench recovery --script: --fault {fault} is not measured for a script; use --fault "
+                           "kill (spotray's script path against Ray's own Trainer integration)")
+    if storages != ["s3"]:
+        raise SpotrayError("bench recovery --script: give --storage s3 (a script's checkpoints are measured on S3, "
+                           "where each node downloads them; a local directory is shared by the local nodes)")
+    if preset not in MODEL_PRESETS:
+        raise SpotrayError(f"--preset {preset}: choose one of {', '.join(MODEL_PRESETS)}")
+    if rounds < 1 or every < 1:
+        raise SpotrayError("bench recovery --script: --rounds and --steps must be at least 1")
+    from spotray.examples import hf_finetune
+
+    workdir = Path(new_workdir())
+    script = workdir / "project" / "finetune.py"  # the example as a user has it: its folder is what is shipped
+    script.parent.mkdir()
+    shutil.copy(hf_finetune.__file__, script)
+    args = _script_args(preset, every)
+    result = {"machine": machine(), "model": preset, **_state_mb(preset), "workers": WORKERS,
+              "checkpoint_every_steps": every, "max_steps": STEPS_OVER_EVERY * every, "fault": fault,
+              "capacity_gap_s": CAPACITY_GAP_S, "script": "spotray/examples/hf_finetune.py",
+              "baseline_script": "spotray/bench/hf_ray_baseline.py"}
+    with contextlib.ExitStack() as stack:
+        endpoint = s3_endpoint or stack.enter_context(moto_server())  # before the clusters: nodes inherit its keys
+        ckpt_url = f"{create_bucket(endpoint)}/ckpt"
+        result["s3"] = _compare(ckpt_url, endpoint, args, every, script, workdir, rounds)
+    return result
+
+
+def _compare(ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path, workdir: Path,
+             rounds: int) -> dict:
+    drills: dict[str, list[dict]] = {"baseline": [], "spotray": []}
+    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
+        for name, job in (("baseline", _baseline_job), ("spotray", _spotray_job)):
+            drills[name].append(_drill(job, f"hf-{name}-{i}", ckpt_url, endpoint, args, every, script, workdir))
+    spotray, baseline = drills["spotray"], drills["baseline"]
+    return {
+        **drills,
+        "recovery_best_s": {side: _best(found, "recovery_s") for side, found in drills.items()},
+        "recovery_median_s": {side: _median(found, "recovery_s") for side, found in drills.items()},
+        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
+        "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
+        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
+        "restore_mb_per_node_median": {side: _median_mb(found) for side, found in drills.items()},
+    }
+
+
+def _median_mb(drills: list[dict]) -> float:
+    return round(statistics.median(b for d in drills for b in d["bytes_read_per_node"].values()) / 1e6, 1) \
+        if any(d["bytes_read_per_node"] for d in drills) else 0.0
+
+
+def _state_mb(preset: str) -> dict:
+    """The GPT-2's parameters and its model + AdamW state (two moments per parameter), in MB of float32."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    n_layer, n_head, n_embd = MODEL_PRESETS[preset]
+    model = GPT2LMHeadModel(GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=128,
+                                       n_positions=32, bos_token_id=0, eos_token_id=0))
+    params = sum(p.numel() for p in model.parameters())
+    return {"params_m": round(params / 1e6, 2), "model_optimizer_mb": round(3 * 4 * params / 1e6, 1)}
