@@ -29,6 +29,7 @@ def assert_ratios(result: dict, *keys: str) -> None:
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
 
 
+@pytest.mark.slow  # 45 s in CI; test_checkpoint saves and restores on S3, sync and async, in make test
 def test_checkpoint_bench_on_s3():
     result = bench("checkpoint", "--storage", "s3", "--steps", "2")
     assert "local" not in result and result["repeats"] == 2
@@ -37,7 +38,7 @@ def test_checkpoint_bench_on_s3():
     assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
 
 
-@pytest.mark.slow  # 1 minute on 2 cores; the checkpoint bench runs a bench in make test
+@pytest.mark.slow  # 1 minute on 2 cores; test_bench's argument checks run in make test
 def test_throughput_bench():
     result = bench("throughput", "--steps", "3", "--rounds", "1")
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
