@@ -30,6 +30,7 @@ from spotray.drills.cluster import LocalCluster
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.loop import run_root
+from spotray.storage import Location
 
 CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the replacement joins
 SETTLE_S = 1.0  # after the first checkpoint, so that Ray has registered the baseline's too
@@ -67,21 +68,23 @@ def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
     def checkpointed() -> bool:
         return bool(list_committed(checkpoints_root(run_root(cfg)), warn=False))
 
-    def resumed() -> _Resumed | None:
-        found = ledger.read_attempts(attempts)
-        status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
-        if not (status or {}).get("first_step_at"):
-            return None
-        return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
-                        {"startup": status["startup_s"], "restore": status["restore_s"]})
-
-    return proc, checkpointed, resumed
+    return proc, checkpointed, lambda: spotray_resumed(attempts, ("startup", "restore"))
 
 
-def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
-    progress = log.with_suffix(".progress.json")
-    job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray", "progress": str(progress)}
-    proc = subprocess.Popen([sys.executable, "-m", "spotray.bench.baseline_job", json.dumps(job)],
+def spotray_resumed(attempts: Location, phases: tuple[str, ...]) -> _Resumed | None:
+    """The second attempt of a spotray run as its ledger records it, once its first step has ended."""
+    found = ledger.read_attempts(attempts)
+    status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
+    if not (status or {}).get("first_step_at"):
+        return None
+    return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
+                    {phase: status[f"{phase}_s"] for phase in phases})
+
+
+def start_baseline(module: str, job: dict, cluster: LocalCluster, log: Path) -> tuple[subprocess.Popen, Callable]:
+    """``python -m module JOB`` on the cluster; the process, and a reader of the progress file it keeps."""
+    progress = Path(job["progress"])
+    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(job)],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
 
@@ -90,6 +93,14 @@ def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
             return json.loads(progress.read_text())
         except (OSError, ValueError):
             return {}
+
+    return proc, read
+
+
+def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
+    job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray",
+           "progress": str(log.with_suffix(".progress.json"))}
+    proc, read = start_baseline("spotray.bench.baseline_job", job, cluster, log)
 
     def resumed() -> _Resumed | None:
         attempts = read().get("attempts", [])

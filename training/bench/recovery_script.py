@@ -29,9 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spotray import goodput, ledger
+from spotray import ledger
 from spotray.bench.common import machine, new_workdir
-from spotray.bench.recovery import CAPACITY_GAP_S, SETTLE_S, _best, _median, _Resumed, _wait
+from spotray.bench.recovery import (
+    CAPACITY_GAP_S,
+    SETTLE_S,
+    _best,
+    _median,
+    _Resumed,
+    _wait,
+    spotray_resumed,
+    start_baseline,
+)
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.config import MODEL_PRESETS
 from spotray.drills.cluster import LocalCluster
@@ -98,12 +107,7 @@ def _spotray_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every
         return bool(list_committed(checkpoints_root(root), warn=False))
 
     def resumed() -> _Resumed | None:
-        found = ledger.read_attempts(attempts)
-        status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
-        if not (status or {}).get("first_step_at"):
-            return None
-        return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
-                        {"restore": status["restore_s"]})
+        return spotray_resumed(attempts, ("restore",))
 
     def bytes_read(disks: Path) -> dict[str, int]:
         """The restored directory of each node (``hf.resume_checkpoint``'s, under the node's ``$TMPDIR``)."""
@@ -121,15 +125,7 @@ def _baseline_job(name: str, ckpt_url: str, endpoint: str, args: list[str], ever
     progress = log.with_suffix(".progress.json")
     job = {"name": name, "storage": f"{ckpt_url}/ray", "endpoint": endpoint, "args": args, "workers": WORKERS,
            "max_failures": 3, "keep_last": KEEP_LAST, "progress": str(progress)}
-    proc = subprocess.Popen([sys.executable, "-m", "spotray.bench.hf_ray_baseline", json.dumps(job)],
-                            env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-
-    def read() -> dict:
-        try:
-            return json.loads(progress.read_text())
-        except (OSError, ValueError):
-            return {}
+    proc, read = start_baseline("spotray.bench.hf_ray_baseline", job, cluster, log)
 
     def resumed() -> _Resumed | None:
         attempts = read().get("attempts", [])
