@@ -22,6 +22,9 @@ from tests.drills.test_preemption import wait_until
 from tests.repo import REPO, readme_example
 
 MAX_STEPS = 40
+# A notice takes seconds to reach the workers (Ray drains the node, Ray Train polls every second) while these steps
+# take milliseconds: a notice drill runs long enough after step 10 that the notice always lands before the end.
+NOTICE_MAX_STEPS = 200
 
 
 def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, *script_args: str) -> subprocess.Popen:
@@ -39,7 +42,7 @@ def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, 
                                 stdout=out, stderr=err)
 
 
-def run_drill(tmp_path, fault: str, example=hf_finetune, *script_args: str) -> tuple[dict, str, Location]:
+def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location]:
     """The README's command on ``example`` (copied into a user's project directory); once step 10 is committed, the
     fault hits the node of a worker and a replacement node joins. Returns the summary, the console and the run's
     root."""
@@ -48,8 +51,9 @@ def run_drill(tmp_path, fault: str, example=hf_finetune, *script_args: str) -> t
     script = "finetune.py" if example is hf_finetune else Path(example.__file__).name
     shutil.copy(example.__file__, project / script)  # the example as a user has it
     root = resolve(str(runs)).child("drill")
+    max_steps = NOTICE_MAX_STEPS if fault == "notice" else MAX_STEPS
     with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        driver = start_script(project, runs, cluster, script, *script_args)
+        driver = start_script(project, runs, cluster, script, "--max-steps", str(max_steps))
         wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
                    "a checkpoint of step 10", project, driver)
         (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
@@ -58,9 +62,9 @@ def run_drill(tmp_path, fault: str, example=hf_finetune, *script_args: str) -> t
     console = (project / "driver.log").read_text()
     assert driver.returncode == 0, console[-4000:]
     summary = json.loads((project / "summary.json").read_text())
-    assert summary["final_step"] == MAX_STEPS
+    assert summary["final_step"] == max_steps
     newest = list_committed(checkpoints_root(root))[0]
-    assert newest.step == MAX_STEPS and newest.is_files
+    assert newest.step == max_steps and newest.is_files
     return summary, console, root
 
 
