@@ -5,11 +5,13 @@ Shape: the head on the on-demand core pool with ``num-cpus: "0"`` (it schedules,
 group on a GPU spot pool, as many workers as ``scaling.num_workers`` (fixed size: DDP/FSDP need them all);
 each worker's Ray resources equal its container's, so Ray never hands out a GPU the pod does not have. Every Ray pod
 gets a local scratch ``emptyDir`` at ``LOCAL_DIR`` (``SPOTRAY_LOCAL_DIR``) for Hugging Face Trainer output dirs and
-downloaded checkpoints."""
+downloaded checkpoints. Every Ray pod learns its node's name from the downward API (``SPOTRAY_NODE_NAME``); the
+head runs as its own service account, which may get nodes (``cluster/rbac.py``), so the driver can price them."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import yaml
@@ -24,6 +26,7 @@ from spotray.infra.kernel.names import (
     COMPONENT_LABEL,
     CORE_SELECTOR,
     GPU_TOLERATION,
+    HEAD_SERVICE_ACCOUNT,
     METRICS_PORTS,
     POOL_LABEL,
     SUBMITTER_COMPONENT,
@@ -32,8 +35,10 @@ from spotray.infra.kernel.names import (
     TRAINING_PRIORITY_CLASS,
     TRAINING_SERVICE_ACCOUNT,
     minio_endpoint,
+    prometheus_url,
 )
 from spotray.infra.kernel.versions import RAY_VERSION
+from spotray.nodes import NODE_NAME_ENV
 
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
 CONFIG_DIR = "/etc/spotray"
@@ -52,26 +57,36 @@ _DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 @dataclass(frozen=True)
 class JobSettings:
     """The cluster side of a training job, resolved from the stack: the image and GPU pool it runs on (and the
-    pool's interruption rate, where the stack gives it), each worker's resources, secrets and retries (``job``), and
-    the object store it reaches."""
+    pool's interruption rate, prices and warm spares, where the stack gives them), each worker's resources, secrets
+    and retries (``job``), the object store it reaches, and the stack's Prometheus (which scrapes Karpenter's price
+    estimates), where the stack installs one."""
 
     image: str
     gpu_pool: str
     pool_interruptions_per_hour: float | None = None
+    pool_prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # {instance type: {capacity: USD/h}}
+    pool_warm_spares: int = 0
     job: TrainingJobConfig = field(default_factory=TrainingJobConfig)
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
+    prometheus_url: str | None = None
 
 
 def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | None = None) -> JobSettings:
     """The job settings of ``stack``; ``image`` and ``gpu_pool`` replace the stack's (``spotray submit``)."""
     minio = stack.storage.backend == "minio"
-    pool = stack.job_pool(gpu_pool)
-    rate = next((p.interruptions_per_hour for p in stack.gpu_pools if p.name == pool), None)
-    return JobSettings(image=stack.job_image(image), gpu_pool=pool, pool_interruptions_per_hour=rate,
+    name = stack.job_pool(gpu_pool)
+    pool = next((p for p in stack.gpu_pools if p.name == name), None)
+    monitoring = stack.monitoring
+    return JobSettings(image=stack.job_image(image), gpu_pool=name,
+                       pool_interruptions_per_hour=pool.interruptions_per_hour if pool else None,
+                       pool_prices=dict(pool.prices_usd_per_hour) if pool else {},
+                       pool_warm_spares=pool.warm_spares if pool else 0,
                        job=stack.training,
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
-                       storage_secret=STORAGE_SECRET if minio else None)
+                       storage_secret=STORAGE_SECRET if minio else None,
+                       prometheus_url=prometheus_url(monitoring.release, monitoring.namespace)
+                       if monitoring.mode == "install" else None)
 
 
 def job_name(cfg: TrainConfig) -> str:
@@ -85,7 +100,8 @@ def job_name(cfg: TrainConfig) -> str:
 def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     """The training config the job's entrypoint reads, mounted into the head. Every pod gets the storage
     credentials and env.forward variables from Secrets, so the driver does not copy them again. A run that sets no
-    interruption rate plans for its pool's."""
+    interruption rate plans for its pool's; one that sets no prices, warm spares or Prometheus bills with its
+    pool's prices, counts its pool's warm spares and reads Karpenter's estimates from the stack's Prometheus."""
     cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
     if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
         raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
@@ -95,6 +111,11 @@ def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     if cfg.fault_tolerance.expected_interruptions_per_hour is None:
         rate = settings.pool_interruptions_per_hour
         cfg = replace(cfg, fault_tolerance=replace(cfg.fault_tolerance, expected_interruptions_per_hour=rate))
+    cost = cfg.cost
+    cfg = replace(cfg, cost=replace(
+        cost, prices=cost.prices or {t: dict(p) for t, p in settings.pool_prices.items()},
+        warm_spares=cost.warm_spares or settings.pool_warm_spares,
+        prometheus_url=cost.prometheus_url or settings.prometheus_url))
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"{job_name(cfg)}-config", "namespace": TRAINING_NAMESPACE},
             "data": {CONFIG_FILE: yaml.safe_dump(cfg.to_dict(), sort_keys=True)}}
@@ -157,7 +178,7 @@ def _submitter(name: str, settings: JobSettings) -> dict:
 
 
 def _env(settings: JobSettings) -> list[dict]:
-    env = []
+    env = [{"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
     if settings.storage_endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": settings.storage_endpoint})
     if settings.storage_secret:
@@ -197,7 +218,7 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
         "template": {
             "metadata": {"labels": _labels(name)},
             "spec": {
-                "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+                "serviceAccountName": HEAD_SERVICE_ACCOUNT,  # the only Ray pod that may get nodes
                 "nodeSelector": CORE_SELECTOR,
                 "containers": [{
                     "name": "ray-head", "image": settings.image, "env": [*env, _local_var()],

@@ -1,6 +1,6 @@
-"""The training namespace (its service account, the Ray head's NetworkPolicy and the training and warm-spare
-priorities), and the training RayJob with its config map, from the pure builders in ``cluster/rayjob.py``,
-``cluster/network_policy.py`` and ``cluster/warm_spares.py``."""
+"""The training namespace (its service accounts, the Ray head's right to read nodes, the Ray head's NetworkPolicy and
+the training and warm-spare priorities), and the training RayJob with its config map, from the pure builders in
+``cluster/rayjob.py``, ``cluster/rbac.py``, ``cluster/network_policy.py`` and ``cluster/warm_spares.py``."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import pulumi_kubernetes as k8s
 
 from spotray.cluster.network_policy import ray_head_policy
 from spotray.cluster.rayjob import JobSettings, config_map, rayjob
+from spotray.cluster.rbac import head_access
 from spotray.cluster.warm_spares import priority_classes
 from spotray.config import TrainConfig
 from spotray.infra.kernel.resources import from_manifest
 
 
 class TrainingNamespace(pulumi.ComponentResource):
-    """Where training runs and MinIO lives; its service account is the one Pod Identity maps to the bucket, and
-    its NetworkPolicy keeps every Ray head in it closed to all but Ray pods, KubeRay and Prometheus. Training
-    workers run at a priority above the warm spares'."""
+    """Where training runs and MinIO lives; its service accounts are the ones Pod Identity maps to the bucket (the
+    Ray head's may also get nodes), and its NetworkPolicy keeps every Ray head in it closed to all but Ray pods,
+    KubeRay and Prometheus. Training workers run at a priority above the warm spares'."""
 
     def __init__(self, name: str, namespace: str, service_account: str, monitoring_namespace: str,
                  opts: pulumi.ResourceOptions | None = None):
@@ -27,6 +28,10 @@ class TrainingNamespace(pulumi.ComponentResource):
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account", metadata={"name": service_account, "namespace": namespace},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
+        in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
+        for manifest in head_access(namespace):
+            from_manifest(f"{name}-{manifest['kind'].lower()}-{manifest['metadata']['name']}", manifest,
+                          in_namespace)
         policy = ray_head_policy(namespace, monitoring_namespace)
         k8s.networking.v1.NetworkPolicy(f"{name}-ray-head-policy", metadata=policy["metadata"], spec=policy["spec"],
                                         opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))

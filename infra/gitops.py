@@ -8,7 +8,8 @@ objects follow that branch.
   version), and one per Helm release (the chart as a Helm source, its values the rendered ``values.yaml``);
 - ``flux``: a ``GitRepository`` of the branch and a ``Kustomization`` of it (the objects; Flux's source and
   kustomize controllers do not install Helm charts: the CLI says so), applied as the stack's own service account,
-  which may write the render's namespaced kinds only in its namespaces and its cluster-scoped objects only by name;
+  which may write the render's namespaced kinds only in its namespaces and its cluster-scoped objects only by name
+  (and, so that it may write the render's RBAC, the very rights the render's roles grant, never ``escalate``);
 - ``pulumi-operator``: a ``pulumi.com/v1`` ``Stack`` that runs this program from the repository's main branch."""
 
 from __future__ import annotations
@@ -147,16 +148,18 @@ def _flux_tenant(cfg: StackConfig, objects: dict[str, dict]) -> list[dict]:
     cluster_scoped = [obj for obj in objects.values() if "namespace" not in obj["metadata"]]
     account = [{"kind": "ServiceAccount", "name": _name(cfg), "namespace": FLUX_NAMESPACE}]
     in_namespaces, by_name = f"{_name(cfg)}-namespaced", f"{_name(cfg)}-cluster"
-    rbac = "rbac.authorization.k8s.io"
+    rbac = _RBAC
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(cfg, FLUX_NAMESPACE)},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": _metadata(cfg, None, in_namespaces),
-         "rules": [_rule(group, plural, _READ + _CHANGE) for group, plural in _resources(namespaced)]},
+         "rules": [_rule(group, plural, _READ + _CHANGE) for group, plural in _resources(namespaced)]
+         + _rbac_rules(namespaced, "Role")},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": _metadata(cfg, None, by_name),
          "rules": [rule for group, plural in _resources(cluster_scoped) for rule in (
              _rule(group, plural, _READ),
              _rule(group, plural, _CHANGE, sorted(o["metadata"]["name"] for o in cluster_scoped
-                                                  if _resource(o) == (group, plural))))]},
+                                                  if _resource(o) == (group, plural))))]
+         + _rbac_rules(list(objects.values()), "ClusterRole")},
         {"apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": _metadata(cfg, None),
          "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": by_name}, "subjects": account},
         *({"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": _metadata(cfg, namespace),
@@ -166,6 +169,20 @@ def _flux_tenant(cfg: StackConfig, objects: dict[str, dict]) -> list[dict]:
     ]
 
 
+def _rbac_rules(objects: list[dict], kind: str) -> list[dict]:
+    """Kubernetes lets an account write a role, or bind one, only if it holds every right the role grants (RBAC's
+    escalation check) or may ``escalate``/``bind``. The applier holds the rules of each role of ``kind`` the render
+    makes, no more (never ``escalate``), and ``bind`` only on roles a binding of the render names but does not make."""
+    made = {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+    bound = sorted({o["roleRef"]["name"] for o in objects
+                    if o["kind"] in ("RoleBinding", "ClusterRoleBinding") and o["roleRef"]["kind"] == kind} - set(made))
+    held = []
+    for name in sorted(made):
+        held += [dict(rule) for rule in made[name].get("rules", []) if rule not in held]
+    return [*held, *([_rule(_RBAC, f"{kind.lower()}s", ["bind"], bound)] if bound else [])]
+
+
+_RBAC = "rbac.authorization.k8s.io"
 _READ = ["get", "list", "watch"]
 _CHANGE = ["create", "update", "patch", "delete"]  # by name too: Flux creates with server-side apply, a named PATCH
 

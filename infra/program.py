@@ -37,9 +37,11 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     core = CoreNodes("core", CoreNodesArgs(cluster.name, cfg.core_pool, network.private_subnet_ids, tags))
     provider = k8s.Provider("eks", kubeconfig=cluster.kubeconfig,
                             opts=pulumi.ResourceOptions(depends_on=[core.ready]))
+    with_monitoring = _monitoring(cfg, provider, depends_on=[core.ready])
     karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
-                                                     cfg.gpu_pools, tags, provider, depends_on=[core.ready]))
-    _in_cluster(cfg, provider, depends_on=[core.ready])
+                                                     cfg.gpu_pools, tags, provider, depends_on=with_monitoring,
+                                                     monitor_labels=cfg.monitoring.monitor_labels))
+    _in_cluster(cfg, provider, depends_on=with_monitoring)
     registry = ImageRepository("registry", ImageRepositoryArgs(f"{cfg.project}/{cfg.stack}/training", tags,
                                                                     cfg.protect))
     outputs = {"clusterName": cluster.name, "kubeconfig": cluster.kubeconfig, "ecrUrl": registry.url,
@@ -56,15 +58,21 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     return outputs
 
 
+def _monitoring(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> list[pulumi.Resource]:
+    """kube-prometheus-stack where the stack installs it; returns ``depends_on`` with it, for everything that
+    brings a ServiceMonitor (Karpenter and every add-on), whose CRD comes with it."""
+    if cfg.monitoring.mode != "install":
+        return depends_on
+    return [*depends_on, MonitoringStack("monitoring", cfg.monitoring, opts=pulumi.ResourceOptions(
+        providers=[provider], depends_on=depends_on))]
+
+
 def _in_cluster(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> None:
-    """The layers every stack installs into Kubernetes: monitoring (or monitors for the Prometheus already there),
-    KubeRay, GPU plumbing, the training namespace, MinIO when it is the store, the pools' warm spares, and the
-    training job when enabled.
+    """The layers every stack installs into Kubernetes once monitoring is there (``_monitoring``: the stack's, or
+    monitors for the Prometheus already there): KubeRay, GPU plumbing, the training namespace, MinIO when it is the
+    store, the pools' warm spares, and the training job when enabled.
     """
     monitoring = cfg.monitoring
-    if monitoring.mode == "install":  # its CRDs come first: every add-on below brings a ServiceMonitor
-        depends_on = [*depends_on, MonitoringStack("monitoring", monitoring, opts=pulumi.ResourceOptions(
-            providers=[provider], depends_on=depends_on))]
     opts = pulumi.ResourceOptions(providers=[provider], depends_on=depends_on)
     labels = monitoring.monitor_labels
     kuberay = KubeRayOperator("kuberay", labels, opts=opts)
@@ -93,7 +101,8 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
     if not kubeconfig:
         raise pulumi.RunError("platform existing needs a kubeconfig: `pulumi config set --secret spotray:kubeconfig "
                               "\"$(cat ~/.kube/config)\"`, or export KUBECONFIG")
-    _in_cluster(cfg, k8s.Provider("existing", kubeconfig=kubeconfig), depends_on=[])
+    provider = k8s.Provider("existing", kubeconfig=kubeconfig)
+    _in_cluster(cfg, provider, depends_on=_monitoring(cfg, provider, depends_on=[]))
     minio = cfg.storage.backend == "minio"
     endpoint = minio_endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
     outputs = {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}

@@ -6,7 +6,6 @@ with grafana-foundation-sdk."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import dashboard as gd
@@ -17,8 +16,19 @@ from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefre
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}  # kube-prometheus-stack's sidecar default, also set in its values
 CONFIG_MAP_LIMIT = 1 << 20  # bytes of data Kubernetes allows in one ConfigMap
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-GPU_RESOURCE = 'resource_type=~"nvidia.com/gpu|nvidia_com_gpu"'  # how Karpenter names the GPU resource
 RUN = 'run=~"$run"'
+# Karpenter's per-node gauges (kubernetes-sigs/karpenter pkg/controllers/metrics/node): one series per node and
+# resource, labelled with the node's well-known labels (nodepool, capacity_type, instance_type, zone, ...), its
+# node_name, and managed="true" for the nodes Karpenter launched (its state holds every node of the cluster). The
+# resource is named as Kubernetes names it, lower case: cpu, nvidia.com/gpu.
+KARPENTER_NODES = 'karpenter_nodes_allocatable{resource_type="cpu", managed="true"}'  # a series per node
+KARPENTER_GPUS = 'karpenter_nodes_allocatable{resource_type="nvidia.com/gpu", managed="true"}'
+# What each of Karpenter's nodes costs per hour: Karpenter's own price estimate of its offering (aws/karpenter-
+# provider-aws pkg/controllers/metrics: instance_type, capacity_type, zone), joined to the node by those labels.
+NODE_PRICE_ESTIMATE = (
+    f"group by (node_name, nodepool, instance_type, capacity_type, zone) ({KARPENTER_NODES}) "
+    "* on (instance_type, capacity_type, zone) group_left () "
+    "max by (instance_type, capacity_type, zone) (karpenter_cloudprovider_instance_type_offering_price_estimate)")
 
 
 @dataclass(frozen=True)
@@ -30,8 +40,8 @@ class Dashboard:
         return json.dumps(self.model, sort_keys=True, separators=(",", ":"))
 
 
-def all_dashboards(gpu_hour_price_usd: Mapping[str, float]) -> list[Dashboard]:
-    return [*ray_dashboards(), training_dashboard(gpu_hour_price_usd), cluster_dashboard()]
+def all_dashboards() -> list[Dashboard]:
+    return [*ray_dashboards(), training_dashboard(), cluster_dashboard()]
 
 
 def ray_dashboards() -> list[Dashboard]:
@@ -59,7 +69,7 @@ def panel_queries(model: dict) -> list[tuple[str, str]]:
     return found
 
 
-def training_dashboard(gpu_hour_price_usd: Mapping[str, float]) -> Dashboard:
+def training_dashboard() -> Dashboard:
     board = (_base("spotray training", "spotray-training")
              .with_variable(_query_variable("run", "label_values(ray_spotray_step, run)"))
              .with_row(gd.Row("Progress"))
@@ -108,26 +118,33 @@ def training_dashboard(gpu_hour_price_usd: Mapping[str, float]) -> Dashboard:
                                  ("{{Hostname}} GPU {{gpu}}", "max by (Hostname, gpu) (DCGM_FI_DEV_FB_USED)")))
              # each rank's host RSS (now, peak) and CUDA caching allocator peaks, as the training loop measures them
              .with_panel(_series("Worker memory", "bytes", (
-                 "{{run}} rank {{rank}} {{kind}}", f"max by (run, rank, kind) (ray_spotray_memory_bytes{{{RUN}}})"))))
-    if gpu_hour_price_usd:
-        board = board.with_panel(_series("GPU pools' cost rate", "currencyUSD", *(
-            (f"{capacity} $/h", f'sum(karpenter_nodes_allocatable{{{GPU_RESOURCE}, capacity_type="{capacity}"}}) '
-                                f"* {price}")
-            for capacity, price in sorted(gpu_hour_price_usd.items()))))
+                 "{{run}} rank {{rank}} {{kind}}", f"max by (run, rank, kind) (ray_spotray_memory_bytes{{{RUN}}})")))
+             # the run's cost as rank 0 bills it (node time at the run's prices); a run without prices exports none
+             .with_row(gd.Row("Cost"))
+             .with_panel(_stat("Cost so far", _by_run("cost_usd"), "currencyUSD"))
+             .with_panel(_stat("USD per million trained tokens", _by_run("usd_per_million_tokens"), "currencyUSD"))
+             .with_panel(_stat("On demand, the same tokens would cost", _by_run("on_demand_usd"), "currencyUSD"))
+             .with_panel(_stat("Spot saving against on demand", _by_run("spot_saving_ratio"), "percentunit"))
+             .with_panel(_series("Cost so far and on demand", "currencyUSD",
+                                 ("{{run}} spent", _by_run("cost_usd")),
+                                 ("{{run}} on demand", _by_run("on_demand_usd")))))
     return Dashboard("spotray-training", _encode(board))
 
 
 def cluster_dashboard() -> Dashboard:
-    karpenter_nodes = 'karpenter_nodes_allocatable{resource_type="cpu"}'
     board = (_base("spotray cluster", "spotray-cluster")
              .with_row(gd.Row("Nodes"))
              .with_panel(_series("Nodes by capacity type", "none",
-                                 ("{{capacity_type}}", f"count by (capacity_type) ({karpenter_nodes})"),
+                                 ("{{capacity_type}}", f"count by (capacity_type) ({KARPENTER_NODES})"),
                                  ("core (managed node group)",
-                                  f"count(kube_node_info) - (count({karpenter_nodes}) or vector(0))")))
+                                  f"count(kube_node_info) - (count({KARPENTER_NODES}) or vector(0))")))
              .with_panel(_series("GPUs by pool", "none",
                                  ("{{nodepool}} {{capacity_type}}",
-                                  f"sum by (nodepool, capacity_type) (karpenter_nodes_allocatable{{{GPU_RESOURCE}}})")))
+                                  f"sum by (nodepool, capacity_type) ({KARPENTER_GPUS})")))
+             .with_panel(_series("Cost rate of Karpenter's nodes (its price estimates)", "currencyUSD",
+                                 ("{{nodepool}} {{capacity_type}} $/h",
+                                  f"sum by (nodepool, capacity_type) ({NODE_PRICE_ESTIMATE})"),
+                                 ("all $/h", f"sum({NODE_PRICE_ESTIMATE})")))
              .with_panel(_series("Pending pods", "none",
                                  ("{{namespace}}", 'sum by (namespace) (kube_pod_status_phase{phase="Pending"})')))
              .with_row(gd.Row("MinIO"))

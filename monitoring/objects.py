@@ -16,7 +16,7 @@ def monitoring_manifests(cfg: MonitoringConfig, training_namespace: str) -> list
     """Every object, as data (also what the tests validate)."""
     return [*ray_pod_monitors(training_namespace, cfg.monitor_labels),
             prometheus_rule(cfg.namespace, cfg.monitor_labels, cfg.alerts),
-            *(config_map(board, cfg.namespace) for board in all_dashboards(cfg.gpu_hour_price_usd))]
+            *(config_map(board, cfg.namespace) for board in all_dashboards())]
 
 
 class MonitoringObjects(pulumi.ComponentResource):

@@ -1,4 +1,5 @@
-"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``status``, ``demo``, ``bench``.
+"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``status``, ``cost``, ``prices``,
+``estimate``, ``export``, ``demo``, ``bench``.
 
 It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
 imports what it needs only when it runs. ``python -m spotray.cli`` serves this half alone."""
@@ -119,14 +120,26 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> None:
     from spotray import demo
+    from spotray.cost import money_text
     from spotray.launch import write_summary
     from spotray.summary import format_table
 
     summary = demo.run(args.workdir, tuple(args.set or ()))
     print(format_table(summary))
+    print(f"cost: {money_text(summary['cost'])}")
     print(f"loss curve: {summary['loss_curve_png']}")
     if args.json:
         write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
+
+
+def _command(sub: argparse._SubParsersAction, name: str, module: str, help: str) -> None:
+    """A command whose module declares its arguments (``add_arguments``) and runs it (``run``)."""
+    import importlib
+
+    commands = importlib.import_module(f"spotray.{module}")
+    p = sub.add_parser(name, help=help)
+    commands.add_arguments(p)
+    p.set_defaults(func=commands.run)
 
 
 def _cmd_bench(args: argparse.Namespace) -> None:
@@ -190,6 +203,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_status)
+
+    _command(sub, "cost", "cost_report", "what runs cost: tokens, wall time, goodput, USD, USD per million tokens, "
+             "saving against on-demand")
+    _command(sub, "prices", "aws_prices", "fetch spot (per zone, over time) and on-demand prices from AWS into a "
+             "prices file a run (cost.prices_file) can name")
+    _command(sub, "estimate", "estimate", "should this run use spot? expected goodput, wall time and USD on spot and "
+             "on-demand, at one or several sizes")
 
     p = sub.add_parser("export", help="a committed checkpoint as a Hugging Face model directory (safetensors)")
     p.add_argument("run_url", metavar="RUN_URL", help="<checkpoint.path>/<run.name>: a local dir, file:// or s3://")

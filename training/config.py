@@ -6,6 +6,7 @@ Field names are the YAML keys, except ``checkpoint.async`` (a Python keyword) wh
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -282,6 +283,65 @@ class StorageSection:
 
 
 DEFAULT_INTERRUPTIONS_PER_HOUR = 1.0
+CAPACITY_TYPES = ("spot", "on-demand")  # Karpenter's karpenter.sh/capacity-type values
+# EC2's <family>.<size>, e.g. g5.xlarge, p5.48xlarge, g6e.12xlarge, trn1n.32xlarge
+INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
+
+
+def check_prices(prices: Any, key: str) -> None:
+    """``{instance_type: {capacity_type: USD per hour}}``: a known shape, positive numbers."""
+    _require(isinstance(prices, dict), key, f"must map instance types to prices, got {prices!r}",
+             "e.g. {g5.xlarge: {spot: 0.45, on-demand: 1.006}}")
+    for instance_type, by_capacity in prices.items():
+        where = f"{key}.{instance_type}"
+        _require(isinstance(instance_type, str) and bool(INSTANCE_TYPE.fullmatch(instance_type)), where,
+                 "is not an EC2 instance type", "use a name like g5.xlarge or p5.48xlarge")
+        _require(isinstance(by_capacity, dict) and bool(by_capacity), where, f"must map capacity types to USD per "
+                 f"hour, got {by_capacity!r}", "e.g. {spot: 0.45, on-demand: 1.006}")
+        for capacity, price in by_capacity.items():
+            _require(capacity in CAPACITY_TYPES, f"{where}.{capacity}", "is not a capacity type",
+                     f"use {' or '.join(CAPACITY_TYPES)}")
+            _require(isinstance(price, (int, float)) and not isinstance(price, bool) and price > 0,
+                     f"{where}.{capacity}", f"is {price!r}", "give a positive price in USD per hour")
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    """What a node is, where Kubernetes cannot say (off Kubernetes, or the head): unset fields are unknown."""
+
+    instance_type: str | None = None
+    capacity_type: str | None = None
+    zone: str | None = None
+
+    def __post_init__(self):
+        _require(self.instance_type is None or bool(INSTANCE_TYPE.fullmatch(self.instance_type)),
+                 "cost.node.instance_type", f"{self.instance_type!r} is not an EC2 instance type",
+                 "use a name like g5.xlarge, or leave it out")
+        _require(self.capacity_type in (None, *CAPACITY_TYPES), "cost.node.capacity_type",
+                 f"is {self.capacity_type!r}", f"use {' or '.join(CAPACITY_TYPES)}")
+
+
+@dataclass(frozen=True)
+class CostSection:
+    """What the run's nodes cost. Prices, by precedence: ``prices`` (USD per hour per instance type and capacity
+    type; a RayJob of a stack gets its GPU pool's), Karpenter's estimates from ``prometheus_url``, then
+    ``prices_file`` (written by ``spotray prices``). Unpriced nodes show as unknown, never as free."""
+
+    prices: dict = field(default_factory=dict)
+    prices_file: str | None = None
+    prometheus_url: str | None = None  # a Prometheus scraping Karpenter's metrics
+    node: NodeSection = field(default_factory=NodeSection)  # the workers' nodes off Kubernetes
+    head: NodeSection | None = None  # the head node, billed on a separate line where set
+    warm_spares: int = 0  # idle spare nodes of the workers' instance type held for the run (the pool's warmSpares)
+    example_prices: bool = False  # the prices are examples (make demo): every figure says so
+
+    def __post_init__(self):
+        check_prices(self.prices, "cost.prices")
+        _require(self.prices_file != "", "cost.prices_file", "is empty", "give the URL `spotray prices` wrote")
+        _require(self.prometheus_url is None or self.prometheus_url.startswith(("http://", "https://")),
+                 "cost.prometheus_url", f"{self.prometheus_url!r} is not an http(s) URL",
+                 "e.g. http://prometheus-operated.monitoring:9090")
+        _require(self.warm_spares >= 0, "cost.warm_spares", f"is {self.warm_spares}", "use 0 or a count of nodes")
 
 
 @dataclass(frozen=True)
@@ -363,6 +423,7 @@ class TrainConfig:
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     tracking: TrackingSection = field(default_factory=TrackingSection)
     script: ScriptSection = field(default_factory=ScriptSection)
+    cost: CostSection = field(default_factory=CostSection)
     audit_dir: str | None = None
 
     def __post_init__(self):

@@ -34,7 +34,8 @@ LINE_KINDS = {
     "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED) from step \d+"),
     "waiting": re.compile(r"^spotray: WAITING for capacity: "),
     "warning": re.compile(r"^spotray: (warning|error): "),
-    "summary": re.compile(r"^(spotray: (done|checkpoints):|loss curve: |event |-+ |notice |kill |error |goodput )"),
+    "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |event |-+ |notice |kill |error "
+                          r"|goodput )"),
 }
 
 

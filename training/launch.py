@@ -16,13 +16,15 @@ import ray.train
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from spotray import evaluation, goodput, ledger, memory, script
+from spotray import cost, evaluation, goodput, ledger, memory, script
 from spotray.capacity import group_fits, resources_text, worker_group_placement
 from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.console import WORKER_FORMAT
 from spotray.errors import TrainingFailed
 from spotray.loop import WorkerEnv, run_root, train, units_per_step
+from spotray.nodes import NodeRecorder
+from spotray.prices import price_book
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
 from spotray.runtime_env import worker_runtime_env
@@ -105,9 +107,10 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
+    nodes = NodeRecorder(attempts, cfg.cost, price_book(cfg.cost, cfg.storage.options()))
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     try:
-        with ProgressMonitor(attempts, tokens_per_step, stream=console,
+        with ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
                              placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
             while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
@@ -209,6 +212,7 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         "param_sha256": final["param_sha256"],
         "tokens_per_s": final["tokens_per_s"],
         "goodput": time_account.pop("goodput"),
+        "cost": cost.run_cost(attempts).to_dict(),
         "events": time_account.pop("events"),
         "lost_steps": time_account.pop("lost_steps"),
         "lost_steps_at_most": time_account.pop("lost_steps_at_most"),

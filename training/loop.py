@@ -23,11 +23,19 @@ from torch.distributed.tensor import DTensor
 from spotray import ledger, memory
 from spotray.batches import split, to_device
 from spotray.cadence import Cadence, move_or_wait, too_short
-from spotray.checkpoint import Checkpointer, CommittedCheckpoint, RestorePrefetch, RngState, write_model_record
+from spotray.checkpoint import (
+    Checkpointer,
+    CommittedCheckpoint,
+    RestorePrefetch,
+    RngState,
+    all_gather_objects,
+    write_model_record,
+)
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
 from spotray.evaluation import Evaluator
 from spotray.interval import nominal_every_steps
+from spotray.nodes import this_node
 from spotray.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.parallel import gradient_sync, parallelize
 from spotray.sampler import ElasticSampler
@@ -311,7 +319,10 @@ class Records:
 
 
 def open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> Records:
-    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch)
+    """The attempt's records; every rank names its node (a collective)."""
+    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch,
+                                 nodes=all_gather_objects(this_node(), None),
+                                 gpus_per_worker=cfg.scaling.worker_resources.get("GPU", 0))
     attempts_root = root.child("attempts")
     writer = ledger.RecordWriter()
     audit = None

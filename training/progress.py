@@ -15,6 +15,7 @@ from spotray.storage import Location
 
 if TYPE_CHECKING:
     from spotray.capacity import Placement
+    from spotray.nodes import NodeRecorder
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
 
@@ -52,8 +53,9 @@ class ProgressMonitor:
     place the worker group for ``WAITING_AFTER_S``: one line per wait."""
 
     def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0,
-                 placement: Callable[[], Placement | None] | None = None):
+                 placement: Callable[[], Placement | None] | None = None, nodes: NodeRecorder | None = None):
         self.root, self.tokens_per_step = attempts_root, tokens_per_step
+        self.nodes = nodes  # looks up the nodes each new attempt names
         self.placement = placement
         self._waiting_since: float | None = None
         self._waiting_said = False
@@ -92,6 +94,8 @@ class ProgressMonitor:
     def poll(self) -> None:
         self._capacity()
         attempts = self._attempts()
+        if self.nodes:
+            self.nodes.record({name for a in attempts for name in a.nodes})
         statuses = {a.attempt_id: goodput.read_status(self.root, a.attempt_id) for a in attempts[-2:]}
         if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
             self._interruption(attempts[-2], statuses[attempts[-2].attempt_id], attempts[-1],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from spotray import goodput, ledger, memory
+from spotray import cost, goodput, ledger, memory
 from spotray.checkpoint import (
     FILES_FORMAT,
     CommittedCheckpoint,
@@ -84,6 +84,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "goodput": time_split["goodput"],
         "total_s": time_split["total_s"],
         "badput_s": {k: v for k, v in time_split["seconds"].items() if k != "productive"},
+        "cost": cost.ledger_cost(attempts_root, records, account).to_dict(),
     }
 
 
@@ -187,6 +188,8 @@ def format_text(status: dict) -> str:
         f"{_at_most(status)}",
         *(f"  {_interruption_text(e)}" for e in events),
         f"goodput      {_goodput_text(status)}",
+        f"cost         {cost.money_text(status['cost'])}",
+        f"spot         {cost.rate_text(status['cost'])}",
     ])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spotray.cost import money_text
 from spotray.interval import AUTO
 
 
@@ -49,6 +50,7 @@ def format_summary(summary: dict) -> str:
     speed = f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] is not None else ""
     return "\n".join([f"spotray: done: {summary['run_name']} at step {summary['final_step']}{speed}",
                       format_table(summary),
+                      *([f"spotray: cost: {money_text(summary['cost'])}"] if summary.get("cost") else []),
                       f"spotray: checkpoints: {len(summary['checkpoints'])} kept, the newest {newest}"])
 
 

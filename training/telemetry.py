@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spotray import goodput, ledger
+from spotray.cost import LiveCost, gauge_figures
 from spotray.progress import step_of
 from spotray.storage import Location
 
@@ -41,6 +42,10 @@ GAUGES = {
     "emergency_checkpoint": "last preemption notice: 1 if its emergency checkpoint committed, 0 if there was no "
                             "time (the restart falls back to the last committed checkpoint) or it failed",
     "max_steps": "the steps the run plans to train",
+    "cost_usd": "what the run's nodes cost so far (training/cost.py's rules), where every node has a price",
+    "usd_per_million_tokens": "cost_usd per million tokens trained by the steps the final model kept",
+    "on_demand_usd": "the same kept steps on the same instance types on demand, without interruptions",
+    "spot_saving_ratio": "1 - cost_usd / on_demand_usd",
     "last_step_timestamp_seconds": "UNIX time of the last logged step",
     "checkpoint_step": "step of the newest committed checkpoint",
     "last_checkpoint_timestamp_seconds": "UNIX time the newest checkpoint committed, or the run started if none has",
@@ -174,6 +179,7 @@ class RankZeroTelemetry(Telemetry):
         self.evals = ledger.eval_log(attempts_root, attempt.attempt_id, writer)
         self.intervals = ledger.interval_log(attempts_root, attempt.attempt_id, writer)
         self.gauges = Gauges(run_name)
+        self.cost = LiveCost(attempts_root, attempt)
         self.max_steps, self.tokens_per_step = max_steps, tokens_per_step
         # MFU counts every worker's device
         self.peak_total = peak * attempt.world_size if peak else None
@@ -226,9 +232,12 @@ class RankZeroTelemetry(Telemetry):
         step_s = self.window_s / self.window_steps if self.window_steps else None
         past = self.past()
         live = past.live(self.productive_s)
-        self.intervals.record(step, tokens_per_s=tokens_per_s, mfu=mfu, goodput=live, step_s=step_s, memory=memory)
+        self.cost.poke(time.time())
+        bill = gauge_figures(self.cost.latest)
+        self.intervals.record(step, tokens_per_s=tokens_per_s, mfu=mfu, goodput=live, step_s=step_s, memory=memory,
+                              **bill)
         self.gauges.set_memory(memory)
-        self.gauges.set(step=step, loss=loss, tokens_per_second=tokens_per_s, mfu=mfu, goodput=live,
+        self.gauges.set(**bill, step=step, loss=loss, tokens_per_second=tokens_per_s, mfu=mfu, goodput=live,
                         step_seconds=step_s,
                         checkpoint_failed_saves=failed_saves, last_step_timestamp_seconds=time.time(),
                         checkpoint_step=last_checkpoint.step if last_checkpoint else None,

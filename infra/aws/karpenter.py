@@ -1,6 +1,7 @@
 """Karpenter: its IAM (controller through Pod Identity, node role with an access entry), the SQS interruption
 queue fed by EventBridge (spot interruption warnings, rebalance recommendations, health and state-change
-events), the pinned Helm chart, and the GPU ``EC2NodeClass`` plus one ``NodePool`` per GPU pool."""
+events), the pinned Helm chart with its ServiceMonitor (its node and price metrics feed the cluster dashboard and
+the runs' cost), and the GPU ``EC2NodeClass`` plus one ``NodePool`` per GPU pool."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class KarpenterArgs:
     gpu_pools: tuple[GpuPoolConfig, ...]
     tags: dict[str, str]
     provider: k8s.Provider
-    depends_on: list[pulumi.Resource]
+    depends_on: list[pulumi.Resource]  # with the ServiceMonitor CRD where the stack installs it
+    monitor_labels: dict[str, str]  # what the stack's Prometheus selects ServiceMonitors by
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -52,7 +54,7 @@ class Karpenter(pulumi.ComponentResource):
         iam.pod_role(f"{name}-controller", args.cluster_name, NAMESPACE, SERVICE_ACCOUNT,
                      controller_policy(args.region, args.cluster_name, node_role.arn, queue.arn), tags, child)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
-        values = chart_values(args.cluster_name, args.cluster_endpoint, queue.name)
+        values = chart_values(args.cluster_name, args.cluster_endpoint, queue.name, args.monitor_labels)
         after_cluster = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=args.depends_on))
         release = helm.release(f"{name}-chart", KARPENTER, NAMESPACE, values, after_cluster)
         after_chart = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=[release]))
@@ -91,14 +93,17 @@ def _custom_resource(name: str, manifest: dict | pulumi.Output, api_version: str
                                             spec=manifest.apply(lambda m: m["spec"]), opts=opts)
 
 
-def chart_values(cluster_name: pulumi.Input[str], endpoint: pulumi.Input[str], queue: pulumi.Input[str]) -> dict:
-    """Helm values for the pinned chart; tests check every key exists in its ``values.yaml``."""
+def chart_values(cluster_name: pulumi.Input[str], endpoint: pulumi.Input[str], queue: pulumi.Input[str],
+                 monitor_labels: dict[str, str]) -> dict:
+    """Helm values for the pinned chart; tests check every key exists in its ``values.yaml``. Its ServiceMonitor
+    carries ``monitor_labels``, so the stack's Prometheus scrapes the controller's metrics."""
     return {
         "settings": {"clusterName": cluster_name, "clusterEndpoint": endpoint, "interruptionQueue": queue},
         "replicas": 2,
         "controller": {"resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
                                      "limits": {"memory": "1Gi"}}},
         "nodeSelector": CORE_SELECTOR,
+        "serviceMonitor": {"enabled": True, "additionalLabels": dict(monitor_labels)},
     }
 
 

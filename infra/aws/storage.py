@@ -1,5 +1,6 @@
 """The S3 bucket for datasets and checkpoints (storage backend ``s3``): private, encrypted, versioned, old
-checkpoint versions expiring; and the Pod Identity role that lets training pods use exactly their prefix."""
+checkpoint versions expiring; and the Pod Identity role that lets training pods (the Ray workers' and the Ray head's
+service accounts) use exactly their prefix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pulumi_aws as aws
 
 from spotray.infra.aws import iam
 from spotray.infra.kernel.config import StorageConfig
-from spotray.infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
+from spotray.infra.kernel.names import HEAD_SERVICE_ACCOUNT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,11 @@ class CheckpointBucket(pulumi.ComponentResource):
             {"Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
              "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
              "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]), opts=child)
-        iam.pod_role(f"{name}-training", args.cluster_name, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT,
-                     training_policy(bucket.arn, args.config.prefix), tags, child)
+        role = iam.pod_role(f"{name}-training", args.cluster_name, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT,
+                            training_policy(bucket.arn, args.config.prefix), tags, child)
+        aws.eks.PodIdentityAssociation(f"{name}-training-head", cluster_name=args.cluster_name,
+                                       namespace=TRAINING_NAMESPACE, service_account=HEAD_SERVICE_ACCOUNT,
+                                       role_arn=role.arn, tags=tags, opts=child)
         self.bucket_name = bucket.bucket
         self.register_outputs({"bucket_name": self.bucket_name})
 

@@ -28,7 +28,6 @@ ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
 # NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
 GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
-CAPACITY_TYPES = ("spot", "on-demand")
 GITOPS_CONTROLLERS = ("argocd", "flux", "pulumi-operator")
 MIN_KUBERNETES_MINOR = 30
 _GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
@@ -119,6 +118,15 @@ class KubernetesConfig(Section):
                      "opens the API server to the whole internet", "list your office or VPN CIDRs instead")
 
 
+def _prices(raw: Any, key: str) -> dict[str, dict[str, float]]:
+    """The run config's rule (``spotray.config.check_prices``), so a pool's prices are valid run prices."""
+    from spotray.config import check_prices
+
+    check_prices(raw, key)
+    return {instance_type: {capacity: float(price) for capacity, price in by_capacity.items()}
+            for instance_type, by_capacity in raw.items()}
+
+
 def _family(instance_type: str) -> str:
     return instance_type.split(".", 1)[0]
 
@@ -158,6 +166,10 @@ class GpuPoolConfig(Section):
     warm_spares: int = setting("warmSpares", 0)  # idle nodes held by placeholders, taken at once by a worker
     # The pool's interruption history: the rate checkpoint.every_steps: auto plans for, unless the run sets its own
     interruptions_per_hour: float | None = setting("interruptionsPerHour", None)
+    # USD per hour by instance type and capacity type, {g5.xlarge: {spot: 0.45, on-demand: 1.006}}: the prices a
+    # run on this pool bills its nodes at, unless the run sets its own (cost.prices); before Karpenter's estimates
+    prices_usd_per_hour: Mapping[str, Mapping[str, float]] = setting("pricesUsdPerHour", factory=dict,
+                                                                     parse=_prices)
 
     def __post_init__(self):
         self.require(bool(_DNS_LABEL.match(self.name)) and len(self.name) <= 40, "name",
@@ -176,6 +188,12 @@ class GpuPoolConfig(Section):
                      "leave it out")
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
         self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
+        for instance_type in self.prices_usd_per_hour:
+            family, _, size = instance_type.partition(".")
+            self.require(family in self.families and (not self.sizes or size in self.sizes),
+                         f"prices_usd_per_hour.{instance_type}", f"is not an instance type pool {self.name} launches",
+                         f"price only types of its families ({', '.join(self.families)})"
+                         + (f" and sizes ({', '.join(self.sizes)})" if self.sizes else ""))
 
 
 def _image(ref: Any, key: str) -> Image:
@@ -254,14 +272,12 @@ class MonitoringConfig(Section):
     storage_gib: int = setting("storageGiB", 50)
     selector_labels: Mapping[str, str] = setting("selectorLabels", factory=dict)
     alerts: AlertThresholds = setting("alerts", factory=AlertThresholds)
-    # USD per GPU-hour by Karpenter capacity type; the training dashboard shows the GPU pools' cost rate if set.
-    gpu_hour_price_usd: Mapping[str, float] = setting("gpuHourPriceUsd", factory=dict)
+    _RETIRED: ClassVar[dict[str, str]] = {
+        "gpuHourPriceUsd": "give prices per instance type and capacity type in gpuPools[].pricesUsdPerHour "
+                           "instead, e.g. {g5.xlarge: {spot: 0.45, on-demand: 1.006}}; the cluster dashboard's cost "
+                           "rate now comes from Karpenter's own price estimates"}
 
     def __post_init__(self):
-        for capacity, price in self.gpu_hour_price_usd.items():
-            self.require(capacity in CAPACITY_TYPES, "gpu_hour_price_usd", f"has {capacity!r}",
-                         f"key prices by capacity type: {', '.join(CAPACITY_TYPES)}")
-            self.require(price > 0, f"gpu_hour_price_usd.{capacity}", f"is {price!r}", "use a positive number of USD")
         self.require(self.mode in ("install", "existing"), "mode", f"is {self.mode!r}",
                      "use install (kube-prometheus-stack) or existing (a Prometheus already on the cluster)")
         self.require(bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?", self.release)), "release",

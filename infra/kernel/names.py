@@ -3,6 +3,8 @@ object store's address. Values only; changing one changes what is deployed."""
 
 from __future__ import annotations
 
+from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
+
 # Namespaces
 TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)
 MONITORING_NAMESPACE = "monitoring"  # where Prometheus runs
@@ -10,8 +12,11 @@ KUBERAY_NAMESPACE = "kuberay-system"
 GPU_NAMESPACE = "kube-system"  # the NVIDIA device plugin and DCGM exporter
 _NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # Kubernetes sets it on every namespace
 
-# The one service account Pod Identity maps to the bucket prefix
+# The service accounts Pod Identity maps to the bucket prefix: the Ray workers' (and the job submitter's), and the
+# Ray head's, which alone may also read nodes (the driver looks up what its workers run on)
 TRAINING_SERVICE_ACCOUNT = "spotray-training"
+HEAD_SERVICE_ACCOUNT = "spotray-head"
+NODE_READER_ROLE = "spotray-node-reader"  # ClusterRole: get on nodes, nothing else
 
 # Pod labels
 APP_LABEL, APP = "app.kubernetes.io/name", "spotray"
@@ -44,6 +49,17 @@ METRICS_PORTS = {
 # The in-cluster object store
 MINIO_RELEASE = "minio"  # the chart names its Service after the release
 MINIO_PORT = 9000
+
+
+# kube-prometheus-stack's Prometheus Service: named after the chart's fullname (the release's name if it holds the
+# chart's, else <release>-kube-prometheus-stack, cut to 26 characters) plus -prometheus, on the chart's port
+PROMETHEUS_PORT = 9090
+
+
+def prometheus_url(release: str, namespace: str) -> str:
+    chart = KUBE_PROMETHEUS_STACK.name
+    fullname = release if chart in release else f"{release}-{chart}"
+    return f"http://{fullname[:26].rstrip('-')}-prometheus.{namespace}.svc.cluster.local:{PROMETHEUS_PORT}"
 
 
 def minio_endpoint(namespace: str) -> str:

@@ -8,8 +8,16 @@ import pulumi_kubernetes as k8s
 
 
 def from_manifest(name: str, manifest: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """A ConfigMap, Deployment or PriorityClass, or a custom resource (RayJob, PodMonitor, PrometheusRule)."""
+    """A ConfigMap, Deployment, PriorityClass, ServiceAccount, ClusterRole or ClusterRoleBinding, or a custom
+    resource (RayJob, PodMonitor, PrometheusRule)."""
     kind, metadata = manifest["kind"], manifest["metadata"]
+    if kind == "ServiceAccount":
+        return k8s.core.v1.ServiceAccount(name, metadata=metadata, opts=opts)
+    if kind == "ClusterRole":
+        return k8s.rbac.v1.ClusterRole(name, metadata=metadata, rules=manifest["rules"], opts=opts)
+    if kind == "ClusterRoleBinding":
+        return k8s.rbac.v1.ClusterRoleBinding(name, metadata=metadata, role_ref=manifest["roleRef"],
+                                              subjects=manifest["subjects"], opts=opts)
     if kind == "ConfigMap":
         return k8s.core.v1.ConfigMap(name, metadata=metadata, data=manifest["data"], opts=opts)
     if kind == "Deployment":

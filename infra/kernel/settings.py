@@ -23,9 +23,11 @@ def setting(key: str, default: Any = dataclasses.MISSING, *, factory: Any = data
 
 
 class Section:
-    """A section of the stack file; its checks name keys relative to it (the reader adds where it sits)."""
+    """A section of the stack file; its checks name keys relative to it (the reader adds where it sits).
+    ``_RETIRED``: keys that were settings once, each with what replaces it (``read`` refuses them)."""
 
     _PREFIX: ClassVar[str] = ""
+    _RETIRED: ClassVar[dict[str, str]] = {}
 
     def require(self, ok: bool, name: str | None, problem: str, fix: str) -> None:
         """``name``: a field (``min_size``), a dotted path into nested sections, or None for the whole section."""
@@ -35,7 +37,7 @@ class Section:
 
 def key_of(cls: type, path: str) -> str:
     """The stack-file key of a field path: ``network.availability_zones`` -> ``network.availabilityZones``; past
-    the last section the path names map keys (``gpu_hour_price_usd.spot`` -> ``gpuHourPriceUsd.spot``)."""
+    the last section the path names map keys (``prices_usd_per_hour.g5.xlarge`` -> ``pricesUsdPerHour.g5.xlarge``)."""
     keys = []
     for name in path.split("."):
         if cls is None:
@@ -57,6 +59,9 @@ def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], *
     ``defaults`` give absent keys values (read like given ones); ``context`` fills fields not in the file."""
     raw = mapping(raw, path)
     settings = {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
+    retired = sorted(set(raw) & set(getattr(cls, "_RETIRED", {})))
+    if retired:
+        raise ConfigError(_join(path, retired[0]), "is no longer a setting", cls._RETIRED[retired[0]])
     unknown = sorted(set(raw) - set(settings))
     if unknown:
         raise ConfigError(_join(path, unknown[0]), "is not a setting here", f"use only {', '.join(sorted(settings))}")

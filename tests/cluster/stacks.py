@@ -10,7 +10,8 @@ AWS = {
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:3f2a1c"
 
 
-def stack(project, backend="minio", gpu_pools=None, **training) -> StackConfig:
+def stack(project, backend="minio", gpu_pools=None, monitoring=None, **training) -> StackConfig:
     values = {**AWS, **({"gpuPools": gpu_pools} if gpu_pools else {}), "storage": {"backend": backend},
+              **({"monitoring": monitoring} if monitoring else {}),
               "training": {"enabled": True, "config": "run.yaml", "image": IMAGE, **training}}
     return from_values("spotray", "dev", values, "us-west-2", project)

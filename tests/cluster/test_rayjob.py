@@ -20,6 +20,8 @@ from spotray.cluster.rayjob import (
 from spotray.config import from_dict, load
 from spotray.errors import ConfigError
 from spotray.infra.kernel.config import TrainingJobConfig
+from spotray.infra.kernel.names import prometheus_url
+from spotray.nodes import NODE_NAME_ENV
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
 
@@ -164,3 +166,54 @@ def test_every_ray_pod_gets_a_local_scratch_dir(job, group, disk_gib):
     (container,) = spec["containers"]
     assert {"name": "local", "mountPath": "/local"} in container["volumeMounts"]
     assert {"name": "SPOTRAY_LOCAL_DIR", "value": "/local"} in container["env"]
+
+
+@pytest.mark.parametrize("group", [head, workers])
+def test_every_ray_pod_learns_its_nodes_name_from_the_downward_api(job, group):
+    (container,) = group(job)["template"]["spec"]["containers"]
+    assert {"name": NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    assert NODE_NAME_ENV == "SPOTRAY_NODE_NAME"
+
+
+def test_only_the_head_runs_as_the_service_account_that_may_read_nodes(job):
+    assert head(job)["template"]["spec"]["serviceAccountName"] == "spotray-head"
+    assert workers(job)["template"]["spec"]["serviceAccountName"] == "spotray-training"
+    assert job["spec"]["submitterPodTemplate"]["spec"]["serviceAccountName"] == "spotray-training"
+
+
+def _planned_cost(cfg, settings):
+    return from_dict(yaml.safe_load(config_map(cfg, settings)["data"]["train.yaml"])).cost
+
+
+POOL_PRICES = {"g5.xlarge": {"spot": 0.45, "on-demand": 1.006}, "g5.2xlarge": {"on-demand": 1.212}}
+
+
+def test_a_run_that_sets_no_prices_bills_at_its_pools_counts_its_spares_and_reads_the_stacks_prometheus(project):
+    pools = [{"name": "a10g-spot", "families": ["g5"], "warmSpares": 1, "pricesUsdPerHour": POOL_PRICES}]
+    settings = job_settings(stack(project, gpu_pools=pools))
+    assert settings.pool_prices == POOL_PRICES and settings.pool_warm_spares == 1
+    # kube-prometheus-stack's Service for the release kube-prometheus-stack in monitoring
+    assert settings.prometheus_url == \
+        "http://kube-prometheus-stack-prometheus.monitoring.svc.cluster.local:9090"
+    cost = _planned_cost(train_config(), settings)
+    assert (cost.prices, cost.warm_spares, cost.prometheus_url) == (POOL_PRICES, 1, settings.prometheus_url)
+    own = _planned_cost(train_config("cost.prices={p5.48xlarge: {spot: 40}}", "cost.warm_spares=2",
+                                     "cost.prometheus_url=http://prometheus.obs:9090"), settings)
+    assert (own.prices, own.warm_spares, own.prometheus_url) == (
+        {"p5.48xlarge": {"spot": 40}}, 2, "http://prometheus.obs:9090")
+
+
+def test_a_stack_without_prices_or_its_own_prometheus_leaves_the_run_to_find_them(project):
+    settings = job_settings(stack(project, monitoring={"mode": "existing"}))
+    assert (settings.pool_prices, settings.pool_warm_spares, settings.prometheus_url) == ({}, 0, None)
+    cost = _planned_cost(train_config(), settings)
+    assert (cost.prices, cost.warm_spares, cost.prometheus_url) == ({}, 0, None)
+
+
+@pytest.mark.parametrize(("release", "service"), [
+    ("kube-prometheus-stack", "kube-prometheus-stack-prometheus"),
+    ("monitoring", "monitoring-kube-prometheus-prometheus"),  # <release>-<chart>, cut to 26 characters
+    ("team-kube-prometheus-stack-a", "team-kube-prometheus-stack-prometheus"),
+])
+def test_the_prometheus_url_is_the_service_kube_prometheus_stack_names_after_its_release(release, service):
+    assert prometheus_url(release, "obs") == f"http://{service}.obs.svc.cluster.local:9090"

@@ -53,7 +53,11 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert open(written["loss_curve_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(int(step) for step in written["evals"]) == list(range(25, 151, 25))  # keep_best: each checkpoint
     assert written["best"]["val_loss"] == min(e["val_loss"] for e in written["evals"].values())
+    bill = written["cost"]  # the demo's example prices, for every node the workers held (3 at least: 2 replacements)
+    assert bill["example_prices"] and bill["usd"] > 0 and 0 < bill["usd_per_million_tokens"], bill
+    assert bill["interruptions"] == 2 and len(bill["nodes"]) >= 3 and bill["on_demand_usd"] > 0, bill
     out, err = capfd.readouterr()
+    assert "(example prices)" in out, out
     assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step", "INTERRUPTED at step",
                          "loss curve: ")
     assert [line_kind(line) for line in err.splitlines()].count("recovery") == 3  # the move and two resumptions
@@ -86,6 +90,8 @@ def _assert_trackers_hold_one_uninterrupted_run(written: dict, uninterrupted: di
     assert series(losses) == uninterrupted
     assert [step for step, _ in mlflow_points(mlflow_uri, run.info.run_id, "val/loss")] == list(range(25, 151, 25))
     assert run.data.params["train.max_steps"] == "150"
+    assert mlflow_points(mlflow_uri, run.info.run_id, "cost/usd"), "the live cost reaches the trackers"
+    assert run.data.metrics["cost_usd"] == written["cost"]["usd"]
     interruptions = [k for k in run.data.tags if k.startswith("spotray.interruption.")]
     assert len(interruptions) == 2 and '"kind": "notice"' in run.data.tags["spotray.interruption.1"]
 

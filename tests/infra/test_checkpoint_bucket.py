@@ -33,8 +33,11 @@ def test_the_bucket_is_private_encrypted_versioned_and_expires_old_checkpoint_ve
 
 def test_training_pods_may_use_exactly_their_prefix():
     plan = build()
-    assoc = plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")[0].inputs
-    assert (assoc["namespace"], assoc["serviceAccount"]) == ("spotray", "spotray-training")
+    associations = [a.inputs for a in plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")]
+    # the Ray workers' service account and the Ray head's (its own, for reading nodes), both to the one role
+    assert sorted((a["namespace"], a["serviceAccount"]) for a in associations) == [
+        ("spotray", "spotray-head"), ("spotray", "spotray-training")]
+    assert len({a["roleArn"] for a in associations}) == 1
     statements = json.loads(plan.of_type("aws:iam/rolePolicy:RolePolicy")[0].inputs["policy"])["Statement"]
     bucket_arn = "arn:aws:mock:us-west-2:123456789012:st-bucket"
     assert {s["Sid"]: s["Resource"] for s in statements} == {"ListPrefix": bucket_arn,

@@ -175,6 +175,41 @@ def test_flux_applies_as_an_account_that_may_write_only_the_stacks_namespaces_an
     assert len(written) == len(gitops)
 
 
+def test_flux_may_write_the_renders_rbac_holding_exactly_the_rights_its_roles_grant(stack_plans):
+    cfg, planned = stack_plans["existing"]
+    rendered = render(cfg, planned)
+    roles = [o for o in rendered.objects.values() if o["kind"] == "ClusterRole"]
+    assert [r["metadata"]["name"] for r in roles] == ["spotray-node-reader"]
+    tenant = {o["metadata"]["name"]: o for o in rendered.controller if o["kind"] == "ClusterRole"}
+    everywhere = tenant["spotray-existing-cluster"]
+    # Kubernetes' escalation check: writing a role, or binding it, takes holding what it grants (or escalate/bind)
+    for role in roles:
+        for rule in role["rules"]:
+            assert rule in everywhere["rules"], rule
+    for binding in (o for o in rendered.objects.values() if o["kind"] == "ClusterRoleBinding"):
+        assert allowed([everywhere], "patch", binding)
+        assert binding["roleRef"]["name"] in {r["metadata"]["name"] for r in roles}  # held, so no bind needed
+    verbs = {verb for role in tenant.values() for rule in role["rules"] for verb in rule["verbs"]}
+    assert not verbs & {"escalate", "bind", "impersonate", "*"}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "ip-10-0-1-1"}}
+    assert allowed([everywhere], "get", node) and not allowed([everywhere], "patch", node)
+
+
+def test_the_app_project_admits_every_cluster_scoped_kind_of_the_render_rbac_included(dev_render):
+    _, rendered, _ = dev_render
+    project = by_kind(rendered)["AppProject"]["spec"]
+    admitted = {(k["group"], k["kind"]) for k in project["clusterResourceWhitelist"]}
+    cluster_scoped = {(o["apiVersion"].rpartition("/")[0], o["kind"]) for o in rendered.objects.values()
+                      if "namespace" not in o["metadata"]}
+    assert {("rbac.authorization.k8s.io", "ClusterRole"), ("rbac.authorization.k8s.io", "ClusterRoleBinding")} <= \
+        cluster_scoped <= admitted
+    namespaced = {("", "ServiceAccount"), *((o["apiVersion"].rpartition("/")[0], o["kind"])
+                                            for o in rendered.objects.values() if "namespace" in o["metadata"])}
+    if "namespaceResourceWhitelist" in project:  # none: every namespaced kind, in the project's namespaces only
+        assert namespaced <= {(k["group"], k["kind"]) for k in project["namespaceResourceWhitelist"]}
+    assert "namespaceResourceBlacklist" not in project
+
+
 @pytest.mark.parametrize(("backend", "expected"), [
     ({}, {"stack": "acme/spotray/staging",
           "envRefs": {"PULUMI_ACCESS_TOKEN": {"type": "Secret",

@@ -62,7 +62,7 @@ def test_on_demand_capacity_only_for_a_pool_that_asks_for_the_fallback():
 
 def test_every_chart_value_set_exists_in_the_pinned_chart():
     assert KARPENTER.version == "1.14.1"
-    values = chart_values("spotray-t", "https://api", "queue")
+    values = chart_values("spotray-t", "https://api", "queue", {"release": "kube-prometheus-stack"})
     assert unknown_values_keys(values, chart_defaults("karpenter-1.14.1.values.yaml")) == []
     assert unknown_values_keys({"settings": {"clusterNam": "x"}}, chart_defaults("karpenter-1.14.1.values.yaml")) == [
         "settings.clusterNam"]
@@ -75,7 +75,7 @@ def planned():
     def program():
         provider = k8s.Provider("k", kubeconfig="{}")
         karpenter = Karpenter("kp", KarpenterArgs("spotray-t", "https://api", "us-west-2", (SPOT, FALLBACK), TAGS,
-                                                  provider, depends_on=[]))
+                                                  provider, depends_on=[], monitor_labels={"prometheus": "main"}))
         return {"pools": karpenter.node_pools, "queue": karpenter.queue_name}
 
     return run_mocked(program, "spotray", "t", "us-west-2")
@@ -94,6 +94,12 @@ def test_interruption_events_reach_the_queue_and_the_chart_is_told_its_name(plan
     release = planned.of_type("kubernetes:helm.sh/v3:Release")[0].inputs
     assert (release["chart"], release["version"]) == ("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
     assert release["values"]["settings"]["interruptionQueue"] == queue.name
+
+
+def test_the_chart_makes_a_service_monitor_with_the_label_the_stacks_prometheus_selects(planned):
+    values = planned.of_type("kubernetes:helm.sh/v3:Release")[0].inputs["values"]
+    assert values["serviceMonitor"] == {"enabled": True, "additionalLabels": {"prometheus": "main"}}
+    assert chart_defaults("karpenter-1.14.1.values.yaml")["serviceMonitor"]["enabled"] is False  # off unless set
 
 
 def test_the_controller_gets_pod_identity_and_may_pass_only_the_node_role(planned):

@@ -70,7 +70,19 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
     ({"storage": {"minioSizeGiB": 0}}, "storage.minioSizeGiB", "at least 1"),
     ({"monitoring": {"retentionDays": 0}}, "monitoring.retentionDays", "at least 1"),
     ({"monitoring": {"alerts": {"stalledMinutes": 0}}}, "monitoring.alerts.stalledMinutes", "at least 1"),
-    ({"monitoring": {"gpuHourPriceUsd": {"spot": "cheap"}}}, "monitoring.gpuHourPriceUsd.spot", "set a number"),
+    ({"monitoring": {"gpuHourPriceUsd": {"spot": 1.2}}}, "monitoring.gpuHourPriceUsd",
+     "gpuPools[].pricesUsdPerHour"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "pricesUsdPerHour": {"g5.xlarge": {"spot": -0.4}}}]},
+     "gpuPools[0].pricesUsdPerHour.g5.xlarge.spot", "positive price"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "pricesUsdPerHour": {"g5.xlarge": {"reserved": 0.4}}}]},
+     "gpuPools[0].pricesUsdPerHour.g5.xlarge.reserved", "spot or on-demand"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "pricesUsdPerHour": {"a10g": {"spot": 0.4}}}]},
+     "gpuPools[0].pricesUsdPerHour.a10g", "like g5.xlarge"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "pricesUsdPerHour": {"g5.xlarge": 0.4}}]},
+     "gpuPools[0].pricesUsdPerHour.g5.xlarge", "{spot: 0.45, on-demand: 1.006}"),
+    ({"gpuPools": [{"name": "a", "families": ["g5"], "sizes": ["xlarge"],
+                    "pricesUsdPerHour": {"p5.48xlarge": {"spot": 40}, "g5.2xlarge": {"spot": 0.6}}}]},
+     "gpuPools[0].pricesUsdPerHour.p5.48xlarge", "families (g5) and sizes (xlarge)"),
     ({"gpuPools": [{"name": "a", "families": ["g5"]}, {"name": "b", "families": ["g5"], "gpuLimit": 0}]},
      "gpuPools[1].gpuLimit", "at least 1"),
     ({"corePool": {"diskGiB": "big"}}, "corePool.diskGiB", "whole number"),
@@ -89,6 +101,19 @@ def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
         load(**overrides)
     assert err.value.field == f"spotray:{key}"
     assert fix in str(err.value)
+
+
+def test_a_pools_prices_are_read_as_usd_per_hour_by_instance_type_and_capacity_type():
+    pool = load(gpuPools=[{"name": "a", "families": ["g5"], "warmSpares": 0,
+                           "pricesUsdPerHour": {"g5.xlarge": {"spot": 1, "on-demand": 1.006}}}]).gpu_pools[0]
+    assert pool.prices_usd_per_hour == {"g5.xlarge": {"spot": 1.0, "on-demand": 1.006}}
+    assert load().gpu_pools[0].prices_usd_per_hour == {}
+
+
+def test_the_dev_stack_file_shows_example_prices_for_the_instance_types_its_pool_launches():
+    (pool,) = load_stack_file(REPO, "dev").gpu_pools
+    assert {f"{pool.families[0]}.{size}" for size in pool.sizes} == set(pool.prices_usd_per_hour)
+    assert all(set(prices) == {"spot", "on-demand"} for prices in pool.prices_usd_per_hour.values())
 
 
 @pytest.mark.parametrize(("build", "message"), [

@@ -20,7 +20,8 @@ def releases(result) -> dict[str, dict]:
 # Where each add-on chart keeps the labels of its ServiceMonitor.
 MONITOR_LABELS = {"kuberay-operator": ("metrics", "serviceMonitor", "additionalLabels"),
                   "dcgm-exporter": ("serviceMonitor", "additionalLabels"),
-                  "minio": ("metrics", "serviceMonitor", "labels")}
+                  "minio": ("metrics", "serviceMonitor", "labels"),
+                  "karpenter": ("serviceMonitor", "additionalLabels")}
 
 
 def monitor_labels(values_by_release: dict[str, dict]) -> dict[str, dict]:
@@ -66,13 +67,17 @@ def test_every_add_on_monitor_carries_the_label_the_installed_release_selects(st
     labels = monitor_labels({name: inputs["values"] for name, inputs in found.items()})
     assert set(labels) >= {"kuberay-operator", "dcgm-exporter"}
     assert ("minio" in labels) == (cfg.storage.backend == "minio")
+    assert ("karpenter" in labels) == (cfg.platform == "aws")
     assert all(value == selector for value in labels.values()), labels
+    if cfg.platform == "aws":  # its node and price metrics: the cluster dashboard and the runs' prices
+        assert found["karpenter"]["values"]["serviceMonitor"]["enabled"] is True
 
 
-def test_the_add_ons_wait_for_the_monitoring_crds(stack_plans):
+def test_the_add_ons_and_karpenter_wait_for_the_monitoring_crds(stack_plans):
     _, result = stack_plans["dev"]
     for component in ("kuberay", "gpu", "minio"):  # their children register only once they are ready
         assert "monitoring-chart" in result.named(component).depends_on, component
+    assert "monitoring-chart" in result.named("karpenter-chart").depends_on  # its ServiceMonitor needs the CRD
 
 
 def test_monitors_rules_and_dashboards_wait_for_the_monitoring_crds_and_the_training_namespace(stack_plans):
@@ -119,11 +124,17 @@ def test_an_existing_prometheus_gets_monitors_with_its_selector_and_nothing_inst
     ({"alerts": True}, "monitoring.alerts"),
     ({"alerts": {"goodputBelow": 1.5}}, "monitoring.alerts.goodputBelow"),
     ({"alerts": {"stalledMinutes": "10m"}}, "monitoring.alerts.stalledMinutes"),
-    ({"gpuHourPriceUsd": {"reserved": 1.0}}, "monitoring.gpuHourPriceUsd"),
-    ({"gpuHourPriceUsd": {"spot": 0}}, "monitoring.gpuHourPriceUsd.spot"),
 ])
 def test_bad_monitoring_settings_name_the_key(monitoring, key):
     with pytest.raises(ConfigError) as err:
         from_values("spotray", "existing", {"platform": "existing", "environment": "dev", "monitoring": monitoring},
                     None)
     assert err.value.field == f"spotray:{key}"
+
+
+def test_the_removed_gpu_hour_price_is_refused_in_one_line_naming_its_replacement():
+    with pytest.raises(ConfigError) as err:
+        from_values("spotray", "existing", {"platform": "existing", "environment": "dev",
+                                            "monitoring": {"gpuHourPriceUsd": {"spot": 1.2, "on-demand": 4.1}}}, None)
+    assert err.value.field == "spotray:monitoring.gpuHourPriceUsd"
+    assert "gpuPools[].pricesUsdPerHour" in str(err.value) and "\n" not in str(err.value)

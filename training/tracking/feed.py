@@ -28,7 +28,9 @@ def step_metrics(record: ledger.StepRecord) -> dict[str, float]:
 
 def interval_metrics(interval: dict) -> dict[str, float]:
     named = {"train/tokens_per_s": interval.get("tokens_per_s"), "train/mfu": interval.get("mfu"),
-             "goodput": interval.get("goodput")}
+             "goodput": interval.get("goodput"), "cost/usd": interval.get("cost_usd"),
+             "cost/usd_per_million_tokens": interval.get("usd_per_million_tokens"),
+             "cost/on_demand_usd": interval.get("on_demand_usd"), "cost/spot_saving": interval.get("spot_saving_ratio")}
     for kind, per_rank in (interval.get("memory") or {}).items():
         named.update({f"memory/rank{rank}/{kind}": value for rank, value in enumerate(per_rank or ())})
     return {name: value for name, value in named.items() if value is not None}
@@ -51,7 +53,10 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
 
 
 def summary_scalars(summary: dict) -> dict[str, float | int | str | bool]:
-    return {key: value for key, value in summary.items() if isinstance(value, float | int | str | bool)}
+    """The summary's scalars, and its known cost figures as ``cost_<name>``."""
+    bill = summary.get("cost") or {}
+    costs = {f"cost_{key}": bill.get(key) for key in ("usd", "usd_per_million_tokens", "on_demand_usd", "saving")}
+    return {key: value for key, value in {**summary, **costs}.items() if isinstance(value, float | int | str | bool)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""``spotray cost RUN_URL ...``: one line per run (a run's URL, or a prefix holding runs) and a total."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from spotray import cost, goodput, ledger
+from spotray.errors import SpotrayError
+from spotray.storage import Location, StorageOptions, resolve
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_URL",
+                        help="a run (<checkpoint.path>/<run.name>), or a prefix holding runs (<checkpoint.path>)")
+    parser.add_argument("--json", action="store_true", help="the rows and the total as JSON")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint (MinIO)")
+
+
+def run(args: argparse.Namespace) -> None:
+    options = StorageOptions(endpoint_url=args.endpoint_url)
+    rows = [row(root) for url in args.runs for root in runs_at(resolve(url, options))]
+    report = {"runs": rows, "total": total(rows)}
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
+
+
+def runs_at(location: Location) -> list[Location]:
+    """``location`` if it is a run, else the runs directly under it."""
+    if ledger.attempts_root(location).is_dir():
+        return [location]
+    runs = [location.child(name) for name in sorted(location.list_names()) if location.child(name, "attempts").is_dir()]
+    if not runs:
+        from spotray.status import RUN_URL_HINT  # status reads checkpoints: torch, only for this message
+
+        raise SpotrayError(f"{location.url} is not a run and holds none: {RUN_URL_HINT}, or the prefix holding runs")
+    return runs
+
+
+def row(root: Location) -> dict:
+    attempts = ledger.attempts_root(root)
+    records = goodput.attempt_records(attempts)
+    account = goodput.account_of(records, ledger.run_started_at(attempts))
+    bill = cost.ledger_cost(attempts, records, account).to_dict()
+    return {"run": root.url, "tokens": bill["tokens"], "wall_s": round(account.total_s, 1),
+            "goodput": round(account.goodput, 4), "usd": bill["usd"],
+            "usd_per_million_tokens": bill["usd_per_million_tokens"], "on_demand_usd": bill["on_demand_usd"],
+            "saving": bill["saving"], "example_prices": bill["example_prices"]}
+
+
+def total(rows: list[dict]) -> dict:
+    """Sums over the runs; a money figure is unknown if any run's is."""
+    def known_sum(key: str) -> float | None:
+        values = [r[key] for r in rows]
+        return None if None in values else round(sum(values), 4)
+
+    usd, on_demand, tokens = known_sum("usd"), known_sum("on_demand_usd"), known_sum("tokens")
+    return {"runs": len(rows), "tokens": None if tokens is None else int(tokens),
+            "wall_s": round(sum(r["wall_s"] for r in rows), 1), "usd": usd,
+            "usd_per_million_tokens": round(usd / (tokens / 1e6), 4) if usd is not None and tokens else None,
+            "on_demand_usd": on_demand,
+            "saving": round(1 - usd / on_demand, 4) if usd is not None and on_demand else None,
+            "example_prices": any(r["example_prices"] for r in rows)}
+
+
+def format_text(report: dict) -> str:
+    header = ("run", "tokens", "wall", "goodput", "USD", "USD/Mtok", "saving")
+    lines = [_cells(r, r["run"]) for r in report["runs"]]
+    lines.append(_cells(report["total"], f"total ({report['total']['runs']} runs)"))
+    widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+            for line in [header, *lines]]
+    if report["total"]["example_prices"]:
+        text.append("(example prices)")
+    return "\n".join(text)
+
+
+def _cells(r: dict, name: str) -> tuple[str, ...]:
+    def money(value: float | None) -> str:
+        return "unknown" if value is None else f"{value:,.2f}"
+
+    saving = "unknown" if r["saving"] is None else f"{100 * r['saving']:.1f}%"
+    goodput_cell = f"{100 * r['goodput']:.1f}%" if "goodput" in r else "-"
+    tokens = "unknown" if r["tokens"] is None else f"{r['tokens']:,}"
+    return (name, tokens, f"{r['wall_s'] / 3600:,.2f} h", goodput_cell, money(r["usd"]),
+            money(r["usd_per_million_tokens"]), saving)
