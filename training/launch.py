@@ -24,7 +24,7 @@ from spotray.console import WORKER_FORMAT
 from spotray.errors import TrainingFailed
 from spotray.loop import WorkerEnv, run_root, train, units_per_step
 from spotray.nodes import NodeRecorder
-from spotray.prices import price_book
+from spotray.prices import price_book, read_prices_file
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
 from spotray.runtime_env import worker_runtime_env
@@ -81,10 +81,12 @@ def failure_config(cfg: TrainConfig) -> FailureConfig:
 
 
 def preflight(cfg: TrainConfig) -> Task | None:
-    """Fail fast on the driver before any worker starts: every configured tracker's library imports, and the task
-    loads and opens its dataset (for the built-in tasks: the dataset index and the model config only), or the
-    script is there (None: a script has no task)."""
+    """Fail fast on the driver before any worker starts: every configured tracker's library imports, the prices file
+    reads, and the task loads and opens its dataset (for the built-in tasks: the dataset index and the model config
+    only), or the script is there (None: a script has no task)."""
     check_installed(cfg.tracking)
+    if cfg.cost.prices_file:
+        read_prices_file(cfg.cost.prices_file, cfg.storage.options())
     if cfg.script.path:
         script.preflight(cfg, run_root(cfg))
         return None
@@ -101,13 +103,14 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     the caller ran it."""
     cfg = with_absolute_paths(cfg)
     task = task or preflight(cfg)
+    prices = price_book(cfg.cost, cfg.storage.options())
     tokens_per_step = units_per_step(cfg, task) if task else 0
     root = run_root(cfg)
     runtime_env = worker_runtime_env(cfg, root)  # refuses an oversized working dir before Ray starts
     _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
-    nodes = NodeRecorder(attempts, cfg.cost, price_book(cfg.cost, cfg.storage.options()))
+    nodes = NodeRecorder(attempts, cfg.cost, prices)
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     try:
         with ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,

@@ -116,6 +116,15 @@ def test_bad_overrides(spotray, pair, needle, dataset_url):
     assert_one_line_error(spotray("train", "--set", f"data.path={dataset_url}", "--set", pair), needle)
 
 
+def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, dataset_url, tmp_path):
+    (tmp_path / "prices.json").write_text('{"region": "us-east-1", "fetched_at": 1, "on_demand": {"g5.xlarge": -1.0}, '
+                                          '"spot": {}}')
+    proc = spotray("train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path}/ckpt",
+                   "--set", f"cost.prices_file={tmp_path}/prices.json")
+    assert_one_line_error(proc, "on_demand.g5.xlarge", "positive")
+    assert not (tmp_path / "ckpt").exists()
+
+
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
 # test_user_task trains through the console script, in make test.
 @pytest.mark.slow
