@@ -91,7 +91,7 @@ def _assert_trackers_hold_one_uninterrupted_run(written: dict, uninterrupted: di
     assert [step for step, _ in mlflow_points(mlflow_uri, run.info.run_id, "val/loss")] == list(range(25, 151, 25))
     assert run.data.params["train.max_steps"] == "150"
     assert mlflow_points(mlflow_uri, run.info.run_id, "cost/usd"), "the live cost reaches the trackers"
-    assert run.data.metrics["cost_usd"] == written["cost"]["usd"]
+    assert run.data.metrics["summary/cost_usd"] == written["cost"]["usd"]
     interruptions = [k for k in run.data.tags if k.startswith("spotray.interruption.")]
     assert len(interruptions) == 2 and '"kind": "notice"' in run.data.tags["spotray.interruption.1"]
 
