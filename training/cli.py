@@ -2,7 +2,8 @@
 ``estimate``, ``export``, ``demo``, ``bench``.
 
 It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
-imports what it needs only when it runs. ``python -m spotray.cli`` serves this half alone."""
+imports what it needs only when it runs (``cost``, ``prices`` and ``estimate`` declare their arguments in modules
+light enough to import for that). ``python -m spotray.cli`` serves this half alone."""
 
 from __future__ import annotations
 

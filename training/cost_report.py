@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from spotray import cost, goodput, ledger
 from spotray.errors import SpotrayError
-from spotray.storage import Location, StorageOptions, resolve
+
+if TYPE_CHECKING:  # the CLI imports this module to register the command: pyarrow waits until it runs
+    from spotray.storage import Location
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from spotray.storage import StorageOptions, resolve
+
     options = StorageOptions(endpoint_url=args.endpoint_url)
     rows = [row(root) for url in args.runs for root in runs_at(resolve(url, options))]
     report = {"runs": rows, "total": total(rows)}
@@ -26,6 +30,8 @@ def run(args: argparse.Namespace) -> None:
 
 def runs_at(location: Location) -> list[Location]:
     """``location`` if it is a run, else the runs directly under it."""
+    from spotray import ledger
+
     if ledger.attempts_root(location).is_dir():
         return [location]
     runs = [location.child(name) for name in sorted(location.list_names()) if location.child(name, "attempts").is_dir()]
@@ -37,6 +43,8 @@ def runs_at(location: Location) -> list[Location]:
 
 
 def row(root: Location) -> dict:
+    from spotray import cost, goodput, ledger
+
     attempts = ledger.attempts_root(root)
     records = goodput.attempt_records(attempts)
     account = goodput.account_of(records, ledger.run_started_at(attempts))

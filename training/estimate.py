@@ -6,13 +6,13 @@ import argparse
 import json
 import re
 from dataclasses import asdict, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from spotray.cost import TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS
 from spotray.errors import SpotrayError
 from spotray.planner import Inputs, Plan, _flag, plan, save_times
-from spotray.planner_ledger import Measured, inputs_from_run
-from spotray.storage import StorageOptions
+
+if TYPE_CHECKING:  # the CLI imports this module to register the command: the ledger's pyarrow waits for --from
+    from spotray.planner_ledger import Measured
 
 _SUFFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -120,6 +120,9 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
     values: dict[str, Any] = {}
     if getattr(args, "from_url", None):
         run_every = given.get("every_steps")
+        from spotray.planner_ledger import inputs_from_run
+        from spotray.storage import StorageOptions
+
         measured = inputs_from_run(args.from_url, StorageOptions(endpoint_url=args.endpoint_url), run_every)
         values = dict(measured.values)
         if "checkpoint_bytes" in given or "storage_bytes_per_s" in given:  # the bandwidth rule over measured times
@@ -145,6 +148,8 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
 
 def _observed_rate(measured: Measured) -> float:
     """The rate the run saw, once ``cost``'s rule trusts it; else one line asking for the pool's."""
+    from spotray.cost import TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS
+
     bill = measured.bill
     if bill.rate_trusted:
         return bill.interruptions_per_node_hour
