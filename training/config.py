@@ -331,7 +331,9 @@ class CostSection:
     prices_file: str | None = None
     prometheus_url: str | None = None  # a Prometheus scraping Karpenter's metrics
     node: NodeSection = field(default_factory=NodeSection)  # the workers' nodes off Kubernetes
-    head: NodeSection | None = None  # the head node, billed on a separate line where set
+    head: NodeSection | None = None  # the head node, billed on a separate line (with the core nodes) where set
+    core: NodeSection | None = None  # the cluster's core nodes (system pods, monitoring), on that line too
+    core_nodes: int = 0  # how many of them the run's cluster holds
     warm_spares: int = 0  # idle spare nodes of the workers' instance type held for the run (the pool's warmSpares)
     example_prices: bool = False  # the prices are examples (make demo): every figure says so
 
@@ -342,6 +344,8 @@ class CostSection:
                  "cost.prometheus_url", f"{self.prometheus_url!r} is not an http(s) URL",
                  "e.g. http://prometheus-operated.monitoring:9090")
         _require(self.warm_spares >= 0, "cost.warm_spares", f"is {self.warm_spares}", "use 0 or a count of nodes")
+        _require(self.core_nodes >= 0 and (self.core_nodes == 0 or self.core is not None), "cost.core_nodes",
+                 f"is {self.core_nodes}", "give 0, or the core nodes' count with cost.core naming their instance type")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Billing rules (the README's "What it costs" lists them):
 - A spot node the run lost at an interruption (notice or kill) within an hour of its creation costs nothing: AWS
   does not charge a spot instance it interrupts in its first hour.
 - Warm spares: ``cost.warm_spares`` idle nodes of the workers' instance type at its price, for the run's wall time.
-- The head node is a separate line, where ``cost.head`` names it.
+- The head node and the core nodes are a separate line, where ``cost.head`` and ``cost.core`` name them.
 - The on-demand counterfactual: the same kept steps on the same instance types at on-demand prices with no
   interruption: the kept steps' time, the first start-up, and the saves and evaluations in proportion to the steps kept.
 An unpriced node makes the total unknown (None), never zero.
@@ -55,7 +55,7 @@ class NodeBill:
 @dataclass(frozen=True)
 class RunCost:
     usd: float | None  # the workers' nodes and warm spares so far
-    head_usd: float | None
+    head_and_core_usd: float | None
     tokens: int | None  # trained by the steps the final model kept
     on_demand_usd: float | None
     node_hours: float
@@ -86,7 +86,7 @@ class RunCost:
             return None if value is None else round(value, 4)
 
         rate = self.interruptions_per_node_hour
-        return {"usd": money(self.usd), "head_usd": money(self.head_usd), "tokens": self.tokens,
+        return {"usd": money(self.usd), "head_and_core_usd": money(self.head_and_core_usd), "tokens": self.tokens,
                 "usd_per_million_tokens": money(self.usd_per_million_tokens),
                 "on_demand_usd": money(self.on_demand_usd),
                 "saving": None if self.saving is None else round(self.saving, 4),
@@ -115,13 +115,20 @@ def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, fact
     wall_s = max((r.last_seen for r in records), default=account.started_at) - account.started_at
     spares = _spares_usd(records, facts, settings.get("warm_spares", 0), wall_s)
     usd = None if unpriced or spares is None else sum(b.usd for b in bills) + spares
-    head = settings.get("head")
-    head_usd = head["usd_per_hour"] * wall_s / 3600 if head and head.get("usd_per_hour") else None
     tokens = [r.tokens for r in account.kept.values()]
-    return RunCost(usd, head_usd, sum(tokens) if tokens and None not in tokens else None,
+    return RunCost(usd, _head_and_core_usd(settings, wall_s), sum(tokens) if tokens and None not in tokens else None,
                    _on_demand_usd(records, account, facts), sum(b.seconds for b in bills) / 3600,
                    sum(e.kind in ("notice", "kill") for e in account.events), bool(settings.get("example_prices")),
                    unpriced, bills)
+
+
+def _head_and_core_usd(settings: dict, wall_s: float) -> float | None:
+    """The head and ``core_nodes`` core nodes for the run's wall time; None where none is set or one is unpriced."""
+    parts = [(settings.get("head"), 1), (settings.get("core"), settings.get("core_nodes", 0))]
+    parts = [(node, count) for node, count in parts if node and count]
+    if not parts or any(node.get("usd_per_hour") is None for node, _ in parts):
+        return None
+    return sum(node["usd_per_hour"] * count for node, count in parts) * wall_s / 3600
 
 
 def _bills(records: list[goodput.AttemptRecord], events: list[goodput.Event],
@@ -254,8 +261,8 @@ def money_text(figures: dict) -> str:
     on_demand = figures["on_demand_usd"]
     parts.append(f"on demand ${on_demand:,.2f}: spot saved {100 * figures['saving']:.1f}%"
                  if on_demand and figures["saving"] is not None else "on demand: unknown (no on-demand price)")
-    if figures["head_usd"] is not None:
-        parts.append(f"head ${figures['head_usd']:,.2f}")
+    if figures["head_and_core_usd"] is not None:
+        parts.append(f"head and core nodes ${figures['head_and_core_usd']:,.2f}")
     return " | ".join(parts)
 
 

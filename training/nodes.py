@@ -124,11 +124,11 @@ class NodeRecorder:
     def __init__(self, attempts_root: Location, cost: CostSection, book):
         self.root, self.cost, self.book = attempts_root, cost, book
         self.known = read_nodes(attempts_root)
-        head = None
-        if cost.head is not None:
-            head = priced(configured_node("head", cost.head), book, time.time()).to_dict()
+        head, core = (None if section is None else priced(configured_node(name, section), book, time.time()).to_dict()
+                      for name, section in (("head", cost.head), ("core", cost.core)))
         attempts_root.child(COST_FILE).write_text(json.dumps(
-            {"example_prices": cost.example_prices, "warm_spares": cost.warm_spares, "head": head}, sort_keys=True))
+            {"example_prices": cost.example_prices, "warm_spares": cost.warm_spares, "head": head, "core": core,
+             "core_nodes": cost.core_nodes}, sort_keys=True))
 
     def record(self, node_names: set[str]) -> None:
         new = sorted(node_names - set(self.known))

@@ -44,6 +44,12 @@ def test_yaml_file_then_overrides(tmp_path):
     (["run.name=has space"], "run.name"),
     (["train.stop_at_step=500"], "train.stop_at_step"),
     (["model.n_embd=100", "model.n_head=3"], None),
+    (["cost.prices={g5.xlarge: {spot: -1}}"], "cost.prices.g5.xlarge.spot"),
+    (["cost.prices={gpu-big: {spot: 1}}"], "cost.prices.gpu-big"),
+    (["cost.prices={g5.xlarge: {reserved: 1}}"], "cost.prices.g5.xlarge.reserved"),
+    (["cost.node.capacity_type=preemptible"], "cost.node.capacity_type"),
+    (["cost.core_nodes=2"], "cost.core_nodes"),
+    (["cost.prometheus_url=prometheus:9090"], "cost.prometheus_url"),
 ])
 def test_invalid_values_name_the_field(pairs, field):
     if field is None:  # caught when the model is shaped, not by the config alone

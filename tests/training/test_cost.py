@@ -88,12 +88,15 @@ def test_an_unpriced_node_or_a_step_without_tokens_makes_the_figure_unknown_not_
     assert cost_of(records, []).usd is None  # nodes never looked up
 
 
-def test_warm_spares_and_the_head_are_billed_for_the_runs_wall_time():
+def test_warm_spares_and_the_head_and_core_nodes_are_billed_for_the_runs_wall_time():
     records = [attempt("a", 0, 10, T0, T0 + 3600, ["n1"])]
-    head = {"usd_per_hour": 0.5}
-    bill = cost_of(records, [node("n1", T0)], warm_spares=2, head=head)
-    assert bill.usd == pytest.approx(SPOT + 2 * SPOT)
-    assert bill.head_usd == pytest.approx(0.5)
+    head, core = {"usd_per_hour": 0.5}, {"usd_per_hour": 0.2}
+    bill = cost_of(records, [node("n1", T0)], warm_spares=2, head=head, core=core, core_nodes=3)
+    assert bill.usd == pytest.approx(SPOT + 2 * SPOT)  # the workers' line: their nodes and the spares
+    assert bill.head_and_core_usd == pytest.approx(0.5 + 3 * 0.2)
+    assert cost_of(records, [node("n1", T0)], head=head).head_and_core_usd == pytest.approx(0.5)
+    assert cost_of(records, [node("n1", T0)], head={"usd_per_hour": None}).head_and_core_usd is None
+    assert cost_of(records, [node("n1", T0)]).head_and_core_usd is None
 
 
 def test_the_observed_interruption_rate_is_trusted_only_past_the_documented_thresholds():

@@ -55,7 +55,8 @@ def test_off_kubernetes_the_recorder_takes_the_configured_node_and_prices_it_onc
     recorded = nodes.read_nodes(root)
     assert set(recorded) == {"ray-a", "ray-b"}
     assert recorded["ray-a"].usd_per_hour == 0.45 and recorded["ray-a"].on_demand_usd_per_hour == 1.006
-    assert nodes.read_cost_settings(root) == {"example_prices": True, "warm_spares": 1, "head": None}
+    assert nodes.read_cost_settings(root) == {"example_prices": True, "warm_spares": 1, "head": None, "core": None,
+                                              "core_nodes": 0}
     (tmp_path / nodes.NODES_FILE).write_text(json.dumps({}))  # a node already known is not looked up again
     recorder.record({"ray-a"})
     assert nodes.read_nodes(root) == {}
