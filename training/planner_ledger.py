@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from spotray import cost, goodput, ledger
+from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.planner import _fail
 from spotray.storage import StorageOptions, resolve
 
@@ -74,11 +74,10 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
         values["notice_share"] = sum(1 for e in events if e.kind == "notice" and e.lost_steps == 0) / len(events)
     trained = sum(len(a.steps) for a in records)
     values["overhead_s_per_step"] = (account.seconds["eval"] + account.seconds["other"]) / trained
-    interval = every_steps or _kept_interval(root)
-    markers = _markers(root)
-    if markers:
-        newest_marker = markers[max(markers)]
-        values["checkpoint_bytes"] = float(sum(f.get("size", 0) for f in newest_marker.get("files", {}).values()))
+    committed = list_committed(checkpoints_root(root), warn=False)  # newest first
+    interval = every_steps or _kept_interval([c.step for c in committed])
+    if committed:
+        values["checkpoint_bytes"] = float(committed[0].nbytes)
     if interval is None:
         unknown["blocking_save_s"] = ("cannot tell how many saves the run made (its kept checkpoints show no "
                                       "interval): give --every-steps (the run's checkpoint.every_steps) or "
@@ -114,23 +113,11 @@ def _attempt_nodes(attempt: goodput.AttemptRecord) -> int:
     return len(set(names)) if names and len(names) == attempt.info.world_size else attempt.info.world_size
 
 
-def _markers(run_root) -> dict[int, dict]:
-    """step -> the commit marker of each committed checkpoint (read as ``spotray status`` does, without torch)."""
-    root = run_root.child("checkpoints")
-    if not root.is_dir():
-        return {}
-    found = {}
-    for name in root.list_names():
-        if name.startswith("step_") and name[5:].isdigit() and root.child(name, "COMMITTED.json").exists():
-            found[int(name[5:])] = json.loads(root.child(name, "COMMITTED.json").read_text())
-    return found
-
-
-def _kept_interval(run_root) -> int | None:
+def _kept_interval(kept_steps: list[int]) -> int | None:
     """The run's fixed checkpoint interval, from its kept checkpoints: the smallest gap between two of them that
     every kept step but the newest (which may be a final commit) is a multiple of. None where none fits (``auto``
     intervals drift; one checkpoint shows no gap)."""
-    steps = sorted(_markers(run_root))
+    steps = sorted(kept_steps)
     for gap in sorted({b - a for a, b in zip(steps, steps[1:], strict=False)}):
         if all(step % gap == 0 for step in steps[:-1]):
             return gap
