@@ -5,13 +5,16 @@ Layout: ``checkpoints/step_N/files/<the directory's files>`` and ``COMMITTED.jso
 every file's size and CRC32), written by rank 0 only after every rank reported its files in storage.
 
 One copy per file, one download per directory: every rank lists the directory, and a file is uploaded by the
-lowest rank that has it (ranks sharing a disk see the same files); the ranks whose restore directory is the same
-(host and path: a node's local disk) have the lowest of them download it for all.
+lowest rank that has it (ranks sharing a disk see the same files); of the ranks whose restore directory is the same
+(host and path: a node's local disk) one downloads it for all: the one whose prefetch is under way (``FilesPrefetch``:
+the first worker of a node to lock the run's local dir starts the download as it starts, so that it arrives while the
+script imports and builds its model), else the lowest.
 An upload overlaps training (``Checkpointer.async_save``-like: at most one in flight); ``wait`` ends it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -24,7 +27,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from spotray.checkpoint import COMMIT_MARKER, FILES_FORMAT, Checkpointer, CommittedCheckpoint, all_gather_objects
+from spotray.checkpoint import (
+    COMMIT_MARKER,
+    FILES_FORMAT,
+    Checkpointer,
+    CommittedCheckpoint,
+    all_gather_objects,
+    list_committed,
+)
 from spotray.errors import CheckpointError, NotFound, SpotrayError
 from spotray.storage import Location
 
@@ -51,6 +61,7 @@ class FilesCheckpoints:
         self.last_save_s: float | None = None
         self.bytes_read = 0  # by this rank's downloads, for the restore's one-copy-per-node check
         self.nbytes = 0  # of the last commit, all ranks' files
+        self.prefetch: FilesPrefetch | None = None
 
     def commit(self, local_dir: str, step: int) -> None:
         """Start committing what the ranks wrote to ``local_dir`` as ``step``; returns once uploads are under way."""
@@ -108,20 +119,28 @@ class FilesCheckpoints:
 
     def restore(self, local_dir: str, candidates: list[CommittedCheckpoint]) -> CommittedCheckpoint | None:
         """The newest of ``candidates`` that downloads intact, in ``local_dir`` on every node; None for none."""
-        return self.checkpointer.restore_first(candidates, lambda c: self._fetch(c, Path(local_dir)))
+        try:
+            return self.checkpointer.restore_first(candidates, lambda c: self._fetch(c, Path(local_dir)))
+        finally:
+            self.drop_prefetch()
+
+    def drop_prefetch(self) -> None:
+        if self.prefetch is not None:
+            self.prefetch.discard()
+            self.prefetch = None
 
     def _fetch(self, candidate: CommittedCheckpoint, local_dir: Path) -> str | None:
         """One rank per directory downloads, the others wait; why it cannot be read (the same on every rank), or
         None."""
         reason, unexpected = None, None
-        where = (socket.gethostname(), os.path.realpath(local_dir))
-        if all_gather_objects(where, self.checkpointer.group).index(where) == self.rank:
+        if _downloader(local_dir, self.prefetch is not None, self.checkpointer.group) == self.rank:
             try:
                 started = time.monotonic()
-                read = _download(candidate, local_dir)
+                fetched = self.prefetch.take(candidate) if self.prefetch else None
+                read = _adopt(*fetched, local_dir) if fetched else _download(candidate, local_dir)
                 self.bytes_read += read
-                log.info("restored step %d into %s: %.1f MB read by this rank in %.2fs", candidate.step, local_dir,
-                         read / 1e6, time.monotonic() - started)
+                log.info("restored step %d into %s: %.1f MB read by this rank%s in %.2fs", candidate.step,
+                         local_dir, read / 1e6, " (prefetched)" if fetched else "", time.monotonic() - started)
             except (CheckpointError, NotFound) as exc:
                 reason = str(exc)
             except SpotrayError as exc:  # an outage, a full disk: not a reason to skip the checkpoint
@@ -137,6 +156,71 @@ class FilesCheckpoints:
     def close(self) -> None:
         self.wait()
         self._pool.shutdown(wait=True)
+        self.drop_prefetch()
+
+
+class FilesPrefetch:
+    """The newest committed checkpoint of ``root``, downloaded in the background into ``scratch`` (this process's
+    own folder), from the moment a worker starts; ``take`` hands it to the restore that wants that checkpoint."""
+
+    def __init__(self, root: Location, scratch: Path, lock: int):
+        self.scratch, self._lock = scratch, lock
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotray-prefetch")
+        self._future = pool.submit(self._fetch, root)
+        pool.shutdown(wait=False)
+
+    @classmethod
+    def on_this_disk(cls, root: Location, local_dir: Path) -> FilesPrefetch | None:
+        """Started by the first process of a node to lock ``local_dir`` (one per node's disk); None in the others."""
+        try:
+            local_dir.mkdir(parents=True, exist_ok=True)
+            lock = os.open(local_dir / ".prefetch.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:  # an unwritable local dir: the restore says so, if there is anything to restore
+            return None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            return None
+        scratch = local_dir / "prefetch"
+        shutil.rmtree(scratch, ignore_errors=True)  # a killed worker's
+        return cls(root, scratch, lock)
+
+    def _fetch(self, root: Location) -> tuple[CommittedCheckpoint, Path, int] | None:
+        newest = list_committed(root, warn=False)[:1]
+        if not newest or not newest[0].is_files:
+            return None
+        directory = self.scratch / f"step_{newest[0].step}"
+        return newest[0], directory, _download(newest[0], directory)
+
+    def take(self, checkpoint: CommittedCheckpoint) -> tuple[Path, int] | None:
+        """The fetched directory and the bytes read, where it is ``checkpoint`` and arrived intact."""
+        try:
+            fetched = self._future.result()
+        except Exception as exc:  # noqa: BLE001 - the restore downloads again and reports what is wrong
+            log.info("the prefetch of the newest checkpoint failed (%s); downloading it now", exc)
+            return None
+        if fetched is None or fetched[0].url != checkpoint.url:
+            return None
+        return fetched[1], fetched[2]
+
+    def discard(self) -> None:
+        """Whatever was fetched and not taken, once the download has ended."""
+        try:
+            self._future.result()
+        except Exception:  # noqa: BLE001 - take() has said why; only the leftovers matter here
+            pass
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        os.close(self._lock)
+
+
+def _downloader(local_dir: Path, prefetching: bool, group) -> int:
+    """The rank that fetches ``local_dir`` for every rank restoring into the same folder (same host and path): the
+    one whose prefetch is under way, else the lowest."""
+    where = (socket.gethostname(), os.path.realpath(local_dir))
+    ranks = all_gather_objects((where, prefetching), group)
+    sharing = [rank for rank, (their, _) in enumerate(ranks) if their == where]
+    return next((rank for rank in sharing if ranks[rank][1]), sharing[0])
 
 
 def _list_files(local_dir: Path) -> dict[str, int]:
@@ -183,6 +267,13 @@ def _download(checkpoint: CommittedCheckpoint, local_dir: Path) -> int:
     return sum(sizes)
 
 
+def _adopt(fetched: Path, read: int, local_dir: Path) -> int:
+    """A prefetched checkpoint directory becomes ``local_dir``; the bytes its download read."""
+    local_dir.parent.mkdir(parents=True, exist_ok=True)
+    _replace(local_dir, fetched)
+    return read
+
+
 def _get(source: Location, want: dict, target: Path) -> int:
     """Streams one file down, checking its size and CRC32 against the marker's; bytes read."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +296,7 @@ def _replace(local_dir: Path, staging: Path) -> None:
             raise SpotrayError(f"spotray.restore: {local_dir} is not empty: give a new or empty directory (files "
                                "there would mix with the checkpoint's)")
         shutil.rmtree(local_dir)
-    os.replace(staging, local_dir)
+    shutil.move(staging, local_dir)  # a rename, or a copy where the prefetch's folder is on another disk
 
 
 def _check_space(local_dir: Path, nbytes: int) -> None:

@@ -13,13 +13,14 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from spotray import ledger, memory
 from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoint import Checkpointer, list_committed
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError
-from spotray.files_checkpoint import FilesCheckpoints
+from spotray.files_checkpoint import FilesCheckpoints, FilesPrefetch
 from spotray.interval import nominal_every_steps
 from spotray.loop import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.telemetry import RankZeroTelemetry, Telemetry
@@ -48,6 +49,7 @@ class Session:
         self.checkpointer = Checkpointer(self.root, rank=env.rank, world_size=env.world_size,
                                          keep_last=cfg.checkpoint.keep_last, attempt_id=self.attempt_id)
         self.files = FilesCheckpoints(self.checkpointer)
+        self.files.prefetch = FilesPrefetch.on_this_disk(self.checkpointer.root, Path(local_dir(cfg)))
         self.max_steps: int | None = None  # the steps the script trains, once it says (``plan``)
         self.records: Records | None = None
         self.from_step = 0

@@ -3,6 +3,7 @@ one copy per file, the commit marker last, one download per directory, nothing p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from spotray.cadence import Cadence
 from spotray.checkpoint import COMMIT_MARKER, checkpoints_root, list_committed
 from spotray.drills.process_group import run_on_process_group
 from spotray.errors import ConfigError
+from spotray.files_checkpoint import FilesPrefetch
 from spotray.loop import WorkerEnv
 from spotray.storage import resolve
 
@@ -90,6 +92,56 @@ def test_files_reach_storage_once_before_the_marker_and_come_back_once_per_direc
     assert ranks[0][2] == ranks[1][2] == [".spotray-restored", "model.safetensors", "rng_state_0.pth",
                                           "rng_state_1.pth"]
     assert [c.step for c in list_committed(root)] == [10], "the damaged one is set aside"
+
+
+def prefetching_restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> list:
+    """One node: the first rank to lock the node's local dir prefetches the newest checkpoint; both then restore."""
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("spotray.files_checkpoint")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    current = open_session(rank, world_size, raw)
+    step = current.restore(shared_dir)
+    scratch = Path(session.local_dir(current.cfg), "prefetch")
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, (step, current.files.bytes_read, messages, scratch.exists()))
+    return gathered
+
+
+def test_one_rank_per_node_prefetches_the_newest_checkpoint_and_the_restore_takes_it(tmp_path):
+    runs, local = tmp_path / "runs", tmp_path / "local"
+    raw = script_config(runs, f"script.local_dir={local}")
+    dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
+    run_on_process_group(commit_worker, (raw, dirs, None), world_size=2)
+    (good,) = list_committed(checkpoints_root(resolve(str(runs)).child("s")))
+    ranks = run_on_process_group(prefetching_restore_worker, (raw, str(tmp_path / "restored")), world_size=2)
+    assert [step for step, *_ in ranks] == [10, 10]
+    assert sorted(read for _, read, _, _ in ranks) == [0, good.nbytes], "one rank read it, once"
+    assert any("(prefetched)" in message for _, read, messages, _ in ranks if read for message in messages), ranks
+    assert not any(exists for *_, exists in ranks), "nothing is left in the prefetch folder"
+    assert sorted(os.listdir(tmp_path / "restored")) == [".spotray-restored", "model.safetensors",
+                                                         "rng_state_0.pth", "rng_state_1.pth"]
+
+
+def test_a_prefetch_of_another_checkpoint_is_not_taken_and_leaves_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    raw = script_config(runs)
+    dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
+    run_on_process_group(commit_worker, (raw, dirs, None), world_size=2)
+    root = checkpoints_root(resolve(str(runs)).child("s"))
+    (good,) = list_committed(root)
+    prefetch = FilesPrefetch.on_this_disk(root, tmp_path / "local")
+    assert FilesPrefetch.on_this_disk(root, tmp_path / "local") is None, "one per disk"
+    older = dataclasses.replace(good, location=root.child("step_000000005"))
+    assert prefetch.take(older) is None
+    fetched, read = prefetch.take(good)
+    assert read == good.nbytes and sorted(p.name for p in fetched.iterdir()) == [
+        ".spotray-restored", "model.safetensors", "rng_state_0.pth", "rng_state_1.pth"]
+    prefetch.discard()
+    assert not (tmp_path / "local" / "prefetch").exists()
+    assert FilesPrefetch.on_this_disk(root, tmp_path / "local") is not None, "the lock is released"
 
 
 def test_a_checkpoint_saved_by_another_world_size_is_refused_unless_allowed(tmp_path):
