@@ -73,13 +73,15 @@ pulumi-env: $(STAMP)
 publish-render: $(STAMP)
 	.ci/publish-render $(STACK)
 
-# The training image at TAG (the commit SHA) in STACK's ECR repository; prints image=<reference> for the pipeline.
+# The training image at TAG (the commit SHA) in STACK's ECR repository; prints image=<repo>@sha256:<digest>, the
+# digest it pushed, for the pipeline: what runs is exactly what was built, whatever later happens to the tag.
 image:
 	@test -n "$(STACK)" -a -n "$(TAG)" || { echo "usage: make image STACK=<stack> TAG=<commit sha>" >&2; exit 2; }
 	repo=$$(pulumi stack output ecrUrl --stack $(STACK)) && \
 	aws ecr get-login-password | docker login --username AWS --password-stdin "$${repo%%/*}" && \
 	docker build -f training/Dockerfile -t "$$repo:$(TAG)" . && docker push "$$repo:$(TAG)" && \
-	echo "image=$$repo:$(TAG)" | tee -a "$${GITHUB_OUTPUT:-/dev/null}"
+	echo "image=$$(docker inspect --format '{{index .RepoDigests 0}}' "$$repo:$(TAG)")" | \
+	tee -a "$${GITHUB_OUTPUT:-/dev/null}"
 
 clean:
 	rm -rf $(VENV) spotray-runs .pytest_cache

@@ -43,7 +43,8 @@ def dcgm_exporter_values(monitor_labels: Mapping[str, str]) -> dict:
 
 
 def _image(image: Image) -> dict:
-    return {"registry": image.registry, "repository": image.repository, "tag": image.tag}
+    return {"registry": image.registry, "repository": image.repository, "tag": image.tag,
+            **({"digest": image.digest} if image.digest else {})}
 
 
 def minio_values(bucket: str, storage: StorageConfig, monitoring: MonitoringConfig) -> dict:

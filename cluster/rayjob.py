@@ -17,6 +17,13 @@ from dataclasses import dataclass, field, replace
 import yaml
 
 from spotray.cluster.charts import STORAGE_SECRET
+from spotray.cluster.pod_security import (
+    cache_env,
+    container_context,
+    pod_context,
+    writable_mounts,
+    writable_volumes,
+)
 from spotray.config import SPOT_NOTICE_S, TrainConfig
 from spotray.errors import ConfigError
 from spotray.infra.kernel.config import StackConfig, TrainingJobConfig
@@ -169,10 +176,15 @@ def _submitter(name: str, settings: JobSettings) -> dict:
         "spec": {
             "restartPolicy": "Never",
             "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+            "automountServiceAccountToken": False,  # it talks to the head's dashboard, not to Kubernetes
+            "securityContext": pod_context(),
             "nodeSelector": CORE_SELECTOR,
-            "containers": [{"name": "ray-job-submitter", "image": settings.image,
+            "containers": [{"name": "ray-job-submitter", "image": settings.image, "env": cache_env(),
+                            "securityContext": container_context(),
                             "resources": {"requests": {"cpu": "500m", "memory": "512Mi"},
-                                          "limits": {"cpu": "1", "memory": "1Gi"}}}],
+                                          "limits": {"cpu": "1", "memory": "1Gi"}},
+                            "volumeMounts": writable_mounts(ray=False)}],
+            "volumes": writable_volumes(None),
         },
     }
 
@@ -218,17 +230,20 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
         "template": {
             "metadata": {"labels": _labels(name)},
             "spec": {
-                "serviceAccountName": HEAD_SERVICE_ACCOUNT,  # the only Ray pod that may get nodes
+                "serviceAccountName": HEAD_SERVICE_ACCOUNT,  # the only Ray pod that may get nodes (its token)
+                "securityContext": pod_context(),
                 "nodeSelector": CORE_SELECTOR,
                 "containers": [{
-                    "name": "ray-head", "image": settings.image, "env": [*env, _local_var()],
+                    "name": "ray-head", "image": settings.image, "env": [*env, _local_var(), *cache_env()],
+                    "securityContext": container_context(),
                     "resources": _resources(HEAD_CPUS, HEAD_MEMORY_GIB),
                     "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}, *METRICS_PORTS["head"]],
-                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, _local_mount()],
+                    "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, _local_mount(),
+                                     *writable_mounts(ray=True)],
                 }],
                 "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
-                            _local_volume(HEAD_LOCAL_DISK_GIB)],
+                            _local_volume(HEAD_LOCAL_DISK_GIB), *writable_volumes(HEAD_MEMORY_GIB)],
             },
         },
     }
@@ -244,7 +259,9 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
         "template": {
             "metadata": {"labels": _labels(name), "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "spec": {
-                "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+                "serviceAccountName": TRAINING_SERVICE_ACCOUNT,  # S3 through Pod Identity: no token needed
+                "automountServiceAccountToken": False,
+                "securityContext": pod_context(),
                 "priorityClassName": TRAINING_PRIORITY_CLASS,  # above the pool's warm spares
                 "nodeSelector": {POOL_LABEL: settings.gpu_pool},
                 "tolerations": [GPU_TOLERATION],
@@ -252,13 +269,14 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                 "terminationGracePeriodSeconds": SPOT_NOTICE_S,
                 "containers": [{
                     "name": "ray-worker", "image": settings.image,
-                    "env": [*env, _local_var(), {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
-                                               "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
+                    "env": [*env, _local_var(), *cache_env(), {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
+                                                               "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
+                    "securityContext": container_context(),
                     "resources": worker_resources(job),
                     "ports": METRICS_PORTS["worker"],
-                    "volumeMounts": [_local_mount()],
+                    "volumeMounts": [_local_mount(), *writable_mounts(ray=True)],
                 }],
-                "volumes": [_local_volume(WORKER_LOCAL_DISK_GIB)],
+                "volumes": [_local_volume(WORKER_LOCAL_DISK_GIB), *writable_volumes(job.memory_gib_per_worker)],
             },
         },
     }

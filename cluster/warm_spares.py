@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pulumi
 
+from spotray.cluster.pod_security import container_context, pod_context
 from spotray.cluster.rayjob import worker_resources
 from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig
 from spotray.infra.kernel.names import (
@@ -57,13 +58,14 @@ def warm_spares(pool: GpuPoolConfig, job: TrainingJobConfig, image: str, namespa
                     "terminationGracePeriodSeconds": 0,  # nothing to save: make room at once
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
+                    "securityContext": pod_context(),
                     "initContainers": [{  # pulls the image onto the node, then exits
                         "name": "cache-training-image", "image": image, "imagePullPolicy": "IfNotPresent",
-                        "command": ["true"],
+                        "command": ["true"], "securityContext": container_context(),
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"},
                                       "limits": {"cpu": "100m", "memory": "64Mi"}},
                     }],
-                    "containers": [{"name": "placeholder", "image": PAUSE_IMAGE,
+                    "containers": [{"name": "placeholder", "image": PAUSE_IMAGE, "securityContext": container_context(),
                                     "resources": worker_resources(job)}],
                 },
             },

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from spotray.errors import ConfigError
+from spotray.errors import ConfigError, key_text
 from spotray.interval import AUTO
 from spotray.storage import StorageOptions
 
@@ -481,7 +481,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         name = _YAML_ALIASES.get(key, key)
         if name not in fields:
             valid = ", ".join(sorted(_reverse_alias(n) for n in fields))
-            raise ConfigError(f"{prefix}{key}", "unknown key", f"valid keys here: {valid}")
+            raise ConfigError(f"{prefix}{key_text(key)}", "unknown key", f"valid keys here: {valid}")
         kwargs[name] = _coerce(hints[name], value, f"{prefix}{key}")
     return cls(**kwargs)
 

@@ -9,6 +9,12 @@ class SpotrayError(Exception):
     exit_code = 2
 
 
+def key_text(key: object) -> str:
+    """A config key as an error line names it: as written, or quoted where it is empty, not a string, or not
+    printable (an error stays one line)."""
+    return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key else repr(key)
+
+
 class ConfigError(SpotrayError):
     def __init__(self, field: str, problem: str, fix: str = ""):
         self.field, self.problem, self.fix = field, problem, fix

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 
 import ray
@@ -30,5 +31,8 @@ def start_local_ray(num_cpus: int, **kwargs) -> None:
     processes inherit this process's environment."""
     port = free_port()
     os.environ.update(state_api_env(port))
+    # A token of its own, in the environment its processes inherit: Ray would otherwise write one to
+    # ~/.ray/auth_token, and a pod's home is read-only.
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=port, _node_ip_address="127.0.0.1", **kwargs)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from spotray.errors import ConfigError, SpotrayError
+from spotray.errors import ConfigError, SpotrayError, key_text
 from spotray.infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
 from spotray.infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
 from spotray.infra.kernel.versions import MINIO_IMAGES, Image
@@ -196,14 +196,20 @@ class GpuPoolConfig(Section):
                          + (f" and sizes ({', '.join(self.sizes)})" if self.sizes else ""))
 
 
+DIGEST = r"sha256:[0-9a-f]{64}"
+_IMAGE = re.compile(rf"([a-z0-9.-]+(?::[0-9]+)?)/([a-z0-9._/-]+)(?::(\w[\w.-]{{0,127}}))?(?:@({DIGEST}))?")
+
+
 def _image(ref: Any, key: str) -> Image:
-    """``registry/repository:tag``, e.g. ``<account>.dkr.ecr.<region>.amazonaws.com/bitnamilegacy/minio:<tag>``."""
-    match = re.fullmatch(r"([a-z0-9.-]+(?::[0-9]+)?)/([a-z0-9._/-]+):(\w[\w.-]{0,127})", str(ref))
+    """``registry/repository:tag``, ``registry/repository@sha256:<digest>`` or both, e.g.
+    ``<account>.dkr.ecr.<region>.amazonaws.com/bitnamilegacy/minio:<tag>``."""
+    match = _IMAGE.fullmatch(str(ref))
     registry = match.group(1) if match else ""
-    if not ("." in registry or ":" in registry or registry == "localhost"):
-        raise ConfigError(key, f"{ref!r} is not registry/repository:tag",
-                          "give the full reference with its registry and tag, e.g. docker.io/bitnamilegacy/minio:<tag>")
-    return Image(*match.groups())
+    if not ("." in registry or ":" in registry or registry == "localhost") or not (match[3] or match[4]):
+        raise ConfigError(key, f"{ref!r} is not registry/repository:tag or registry/repository@sha256:<digest>",
+                          "give the full reference with its registry and a tag or digest, e.g. "
+                          "docker.io/bitnamilegacy/minio:<tag>")
+    return Image(match[1], match[2], match[3] or "", match[4] or "")
 
 
 def _minio_images(raw: Any, key: str) -> dict[str, Image]:
@@ -444,8 +450,12 @@ class StackConfig(Section):
         image = override or self.training.image
         self.require(bool(image), "training.image", "is not set for this stack",
                      "pass --image <registry>/<repository>:<tag>, or set spotray:training.image")
-        self.require(":" in image.rsplit("/", 1)[-1], "training.image", f"{image!r} has no tag",
-                     "use the image built from training/Dockerfile with an explicit tag, e.g. <ecrUrl>:<git sha>")
+        name, _, digest = image.partition("@")
+        self.require(":" in name.rsplit("/", 1)[-1] or bool(digest), "training.image", f"{image!r} has no tag",
+                     "use the image built from training/Dockerfile with an explicit tag or digest, e.g. "
+                     "<ecrUrl>:<git sha> or <ecrUrl>@sha256:<digest>")
+        self.require(not digest or bool(re.fullmatch(DIGEST, digest)), "training.image",
+                     f"{image!r} has a malformed digest", "write it as @sha256: and 64 hexadecimal digits")
         return image
 
     def job_pool(self, override: str | None = None) -> str:
@@ -533,6 +543,24 @@ def _decoded(value: str) -> Any:
     return json.loads(value) if value in ("true", "false") or value[:1] in ("{", "[") else value
 
 
+def _stack_values(stack_file: Path) -> dict:
+    """The ``config:`` mapping of a stack file, checked for the shape Pulumi reads."""
+    try:
+        document = yaml.safe_load(stack_file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{stack_file.name} is not valid YAML ({type(exc).__name__})",
+                          "fix the file, or rewrite it with `pulumi config set`") from None
+    raw = document.get("config") if isinstance(document, dict) else document
+    if not isinstance(document, dict) or not isinstance(raw or {}, dict):
+        raise ConfigError("config", f"{stack_file.name} must hold a mapping `config:` of keys, got "
+                          f"{type(raw).__name__}", "e.g. `config:` then `  spotray:environment: dev` below it")
+    for full_key in raw or {}:
+        if not isinstance(full_key, str):
+            raise ConfigError(key_text(full_key), "a stack config key is a namespace:name string",
+                              "e.g. spotray:network")
+    return raw or {}
+
+
 def load_stack_file(project_dir: Path, stack: str) -> StackConfig:
     """``Pulumi.<stack>.yaml`` read the way Pulumi would, without the CLI (for ``spotray plan`` and tests).
     Encrypted values are not decrypted: they stand in as ``[secret]``."""
@@ -542,9 +570,8 @@ def load_stack_file(project_dir: Path, stack: str) -> StackConfig:
         raise SpotrayError(f"no stack file {stack_file}: use one of {', '.join(stacks) or '(none)'}, or run "
                            "from the project directory")
     project = yaml.safe_load(project_file.read_text())["name"]
-    raw = (yaml.safe_load(stack_file.read_text()) or {}).get("config") or {}
     values, region = {}, None
-    for full_key, value in raw.items():
+    for full_key, value in _stack_values(stack_file).items():
         namespace, _, key = full_key.partition(":")
         if namespace in (NAMESPACE, project):
             values[key] = "[secret]" if isinstance(value, dict) and set(value) == {"secure"} else value

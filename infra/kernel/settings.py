@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar
 
-from spotray.errors import ConfigError
+from spotray.errors import ConfigError, key_text
 
 NAMESPACE = "spotray"  # every setting sits under ``spotray:`` in Pulumi.<stack>.yaml
 
@@ -59,10 +59,10 @@ def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], *
     ``defaults`` give absent keys values (read like given ones); ``context`` fills fields not in the file."""
     raw = mapping(raw, path)
     settings = {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
-    retired = sorted(set(raw) & set(getattr(cls, "_RETIRED", {})))
+    retired = sorted(set(raw) & set(getattr(cls, "_RETIRED", {})), key=str)
     if retired:
         raise ConfigError(_join(path, retired[0]), "is no longer a setting", cls._RETIRED[retired[0]])
-    unknown = sorted(set(raw) - set(settings))
+    unknown = sorted(set(raw) - set(settings), key=str)
     if unknown:
         raise ConfigError(_join(path, unknown[0]), "is not a setting here", f"use only {', '.join(sorted(settings))}")
     hints = typing.get_type_hints(cls)
@@ -78,8 +78,8 @@ def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], *
         raise exc.within(f"{path}." if path else "") from None
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key_text(key)}" if path else key_text(key)
 
 
 def _typed(hint: Any, value: Any, key: str, defaults: dict[type, dict[str, Any]]) -> Any:
@@ -96,7 +96,7 @@ def _typed(hint: Any, value: Any, key: str, defaults: dict[type, dict[str, Any]]
     if origin is tuple:
         return tuple(_typed(args[0], v, f"{key}[{i}]", defaults) for i, v in enumerate(_list(value, key)))
     if origin is Mapping:
-        return {str(k): _map_value(args[1], v, f"{key}.{k}") for k, v in mapping(value, key).items()}
+        return {str(k): _map_value(args[1], v, _join(key, k)) for k, v in mapping(value, key).items()}
     return _scalar(hint, value, key)
 
 

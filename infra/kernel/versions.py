@@ -40,6 +40,7 @@ class Image:
     registry: str
     repository: str
     tag: str
+    digest: str = ""  # sha256:<64 hex>; where set, it is what is pulled
 
 
 # Bitnami's free images moved to the frozen bitnamilegacy repository in 2025: the chart's defaults no longer

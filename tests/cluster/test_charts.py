@@ -53,6 +53,15 @@ def test_legacy_images_need_and_get_the_insecure_images_switch_and_bitnami_ones_
     assert "global" not in minio_values("b", StorageConfig(minio_images=bitnami), MonitoringConfig())
 
 
+def test_an_image_given_by_digest_is_pulled_by_it_through_the_charts_own_digest_key():
+    digest = "sha256:" + "ab" * 32
+    images = {k: Image("docker.io", f"bitnamilegacy/{k}", "", digest) for k in ("server", "client", "os-shell")}
+    values = minio_values("b", StorageConfig(minio_images=images), MonitoringConfig())
+    assert values["image"] == {"registry": "docker.io", "repository": "bitnamilegacy/server", "tag": "",
+                               "digest": digest}
+    assert unknown_values_keys(values, chart_defaults("bitnami-minio-17.0.23.values.yaml")) == []
+
+
 def test_checkpoints_and_datasets_get_a_bucket_each_and_only_checkpoints_are_versioned():
     assert LEGACY["provisioning"]["buckets"] == [{"name": "spotray-dev", "versioning": "Versioned"},
                                                  {"name": "spotray-dev-datasets"}]

@@ -5,6 +5,7 @@ import jsonschema
 import pytest
 import yaml
 
+from spotray.cluster.pod_security import CACHE_VARIABLES
 from spotray.cluster.rayjob import (
     DRAIN_MARGIN_S,
     HEAD_LOCAL_DISK_GIB,
@@ -113,7 +114,8 @@ def test_secrets_come_from_secret_refs_never_as_values(job):
         "name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "spotray-storage",
                                                                          "key": "AWS_SECRET_ACCESS_KEY"}}}
     assert by_name["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "WANDB_API_KEY"}
-    assert all("value" not in e for e in env if e["name"] not in ("AWS_ENDPOINT_URL_S3", "SPOTRAY_LOCAL_DIR"))
+    plain = {"AWS_ENDPOINT_URL_S3", "SPOTRAY_LOCAL_DIR", *CACHE_VARIABLES}
+    assert all("value" not in e for e in env if e["name"] not in plain)
 
 
 def test_a_forwarded_variable_without_a_secret_is_refused():

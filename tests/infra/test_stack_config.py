@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 
@@ -60,7 +61,9 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
     ({"storage": {"backend": "gcs"}}, "storage.backend", "minio or s3"),
     ({"storage": {"minioReplicas": 3}}, "storage.minioReplicas", "even number of pods, at least 4"),
     ({"storage": {"minioImages": {"server": "bitnamilegacy/minio"}}}, "storage.minioImages.server",
-     "registry and tag"),
+     "registry and a tag or digest"),
+    ({"storage": {"minioImages": {"server": "docker.io/bitnamilegacy/minio@sha256:abc"}}},
+     "storage.minioImages.server", "registry and a tag or digest"),
     ({"storage": {"minioImages": {"console": "docker.io/bitnamilegacy/minio-console:1"}}}, "storage.minioImages",
      "override any of"),
     ({"nodeGroups": {}}, "nodeGroups", "use only"),
@@ -134,6 +137,33 @@ def test_minio_images_from_config_replace_only_the_ones_named():
     assert images["client"] == MINIO_IMAGES["client"]
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_images_may_be_given_by_digest_and_the_digest_is_what_the_chart_pulls():
+    mirror = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+    images = load(storage={"minioImages": {"server": f"{mirror}/bitnamilegacy/minio@{DIGEST}",
+                                           "client": f"{mirror}/bitnamilegacy/minio-client:1.0@{DIGEST}"}}
+                  ).storage.minio_images
+    assert images["server"] == Image(mirror, "bitnamilegacy/minio", "", DIGEST)
+    assert images["client"] == Image(mirror, "bitnamilegacy/minio-client", "1.0", DIGEST)
+
+
+@pytest.mark.parametrize("image, problem", [
+    (f"123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/training@{DIGEST}", None),
+    (f"123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/training:abc@{DIGEST}", None),
+    ("123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/training", "has no tag"),
+    ("123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/training@sha256:xyz", "malformed digest"),
+])
+def test_the_training_image_takes_a_tag_or_a_digest(image, problem):
+    cfg = load()
+    if problem is None:
+        assert cfg.job_image(image) == image
+    else:
+        with pytest.raises(ConfigError, match=f"training.image.*{problem}"):
+            cfg.job_image(image)
+
+
 def test_prod_without_deletion_protection_is_refused():
     with pytest.raises(ConfigError, match="protect.*set spotray:protect: true"):
         load("prod", protect=False)
@@ -160,6 +190,23 @@ def test_a_missing_stack_file_lists_the_stacks(tmp_path):
     (tmp_path / "Pulumi.dev.yaml").write_text("config: {}\n")
     with pytest.raises(SpotrayError, match="no stack file .*Pulumi.qa.yaml: use one of dev"):
         load_stack_file(tmp_path, "qa")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- spotray:environment: dev\n", "config': Pulumi.x.yaml must hold a mapping `config:` of keys, got list"),
+    ("config: [1]\n", "config': Pulumi.x.yaml must hold a mapping `config:` of keys, got list"),
+    ("config: [\n", "config': Pulumi.x.yaml is not valid YAML"),
+    ("config:\n  1: 2\n", "config '1': a stack config key is a namespace:name string"),
+    ("config:\n  spotray:tags: {1: a, b: c, \"\\n\": d}\n  spotray:bogus: 1\n",
+     "config 'spotray:bogus': is not a setting"),
+    ("config:\n  spotray:network: {\"\\n\": 1, 2: 3}\n", "config 'spotray:network.'\\n'': is not a setting here"),
+])
+def test_a_stack_file_of_the_wrong_shape_is_refused_in_one_line(tmp_path, text, message):
+    (tmp_path / "Pulumi.yaml").write_text("name: spotray\n")
+    (tmp_path / "Pulumi.x.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as raised:
+        load_stack_file(tmp_path, "x")
+    assert "\n" not in str(raised.value)
 
 
 def test_encrypted_values_in_a_stack_file_stay_secret(tmp_path):

@@ -63,6 +63,16 @@ def test_invalid_values_name_the_field(pairs, field):
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("raw, named", [
+    ({"run": {"": 1}}, "run.''"), ({"run": {"a\nb": 1}}, "run.'a\\nb'"), ({"train": {3: 1}}, "train.3"),
+    ({"rnu": {}}, "rnu"),
+])
+def test_an_unknown_key_is_named_on_one_line_however_it_is_spelled(raw, named):
+    with pytest.raises(ConfigError, match="unknown key") as raised:
+        config.from_dict(raw)
+    assert raised.value.field == named and "\n" not in str(raised.value)
+
+
 def test_data_path_is_required():
     with pytest.raises(ConfigError, match="data.path"):
         config.load(None, [])
