@@ -406,7 +406,7 @@ class RuntimeSection:
 
     @property
     def working_dir_is_uri(self) -> bool:
-        """A package Ray fetches itself (``s3://bucket/code.zip``), not a local directory."""
+        """A package the workers fetch (``s3://bucket/code.zip``), not a local directory."""
         return bool(self.working_dir) and "://" in self.working_dir
 
 

@@ -45,8 +45,8 @@ class AttemptClock:
 
 
 def read_status(root: Location, attempt_id: str) -> dict | None:
-    location = ledger.attempt_file(root, attempt_id, STATUS_FILE)
-    return json.loads(location.read_text()) if location.exists() else None
+    text = ledger.attempt_file(root, attempt_id, STATUS_FILE).read_text_if_exists()
+    return json.loads(text) if text is not None else None
 
 
 class LiveGoodput:

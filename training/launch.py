@@ -27,7 +27,7 @@ from spotray.nodes import NodeRecorder
 from spotray.prices import price_book, read_prices_file
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
-from spotray.runtime_env import worker_runtime_env
+from spotray.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.storage import Location, resolve
 from spotray.tasks import Task, load_task
 from spotray.tracking import Follower, check_installed, read_gaps
@@ -42,6 +42,7 @@ def ray_train_fn(config: dict) -> None:
     otherwise write its own snapshot at every checkpoint, which a storage outage turns into a failed run."""
     _worker_logging()
     cfg = from_dict(config)
+    enter_working_dir(cfg)
     context = ray.train.get_context()
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
                     ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes))
@@ -106,8 +107,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     prices = price_book(cfg.cost, cfg.storage.options())
     tokens_per_step = units_per_step(cfg, task) if task else 0
     root = run_root(cfg)
-    runtime_env = worker_runtime_env(cfg, root)  # refuses an oversized working dir before Ray starts
-    _ensure_ray(cfg, worker_logs, runtime_env.get("working_dir"))
+    workers_cfg = shipped(cfg, root)  # refuses an oversized working dir before Ray starts
+    runtime_env = worker_runtime_env(cfg)
+    _ensure_ray(cfg, worker_logs)
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
     nodes = NodeRecorder(attempts, cfg.cost, prices)
@@ -116,7 +118,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         with ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
                              placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
-            while _fit(cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
+            while _fit(workers_cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
                 moves += 1
                 budget = cfg.fault_tolerance.max_preemptions
                 if 0 <= budget < moves:
@@ -158,7 +160,8 @@ def log_location(cfg: TrainConfig) -> Location:
 
 
 def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
-    """One Ray Train run of the loop; True where its last attempt ended to move on a preemption notice."""
+    """One Ray Train run of the loop (``cfg`` as the workers get it); True where its last attempt ended to move on
+    a preemption notice."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
@@ -252,18 +255,14 @@ def write_summary(summary: dict, path: str) -> None:
     Path(path).write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _ensure_ray(cfg: TrainConfig, worker_logs: bool, working_dir: str | None) -> None:
-    """Connects to the cluster at RAY_ADDRESS, or starts a local Ray. A shipped working dir is the job's too: Ray
-    then no longer puts this process's current directory on every worker's path, ahead of the shipped code."""
+def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
+    """Connects to the cluster at RAY_ADDRESS, or starts a local Ray."""
     if ray.is_initialized():
         return
-    job = {"runtime_env": {"working_dir": working_dir}} if working_dir else {}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING, **job)
+        ray.init(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
         return
-    if cfg.storage.endpoint_url:  # Ray fetches a working dir package from the run's storage with boto3
-        os.environ.setdefault("AWS_ENDPOINT_URL_S3", cfg.storage.endpoint_url)
-    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs, **job)
+    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
 
 
 def leave_ray() -> None:

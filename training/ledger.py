@@ -150,12 +150,12 @@ def read_attempts(root: Location, known: dict[str, AttemptInfo] | None = None) -
     """The run's attempts, oldest first. ``known`` caches the ones read before (an attempt's record is written
     once), so that a poller reads only new attempts' records."""
     known = {} if known is None else known
-    for name in root.list_names():
+    for name in root.list_dir_names():  # run.json, nodes.json, cost.json: files beside the attempts
         if name in known:
             continue
-        marker = root.child(name, _ATTEMPT_FILE)
-        if marker.exists():
-            known[name] = AttemptInfo(**json.loads(marker.read_text()))
+        record = root.child(name, _ATTEMPT_FILE).read_text_if_exists()
+        if record is not None:
+            known[name] = AttemptInfo(**json.loads(record))
     return sorted(known.values(), key=lambda a: a.attempt_id)
 
 

@@ -66,6 +66,7 @@ class ProgressMonitor:
         self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-progress")
         self._announced: set[tuple[str, str]] = set()
         self._known: dict[str, ledger.AttemptInfo] = {}
+        self._ended: dict[str, dict | None] = {}  # the statuses of attempts a newer one followed: final
         self._skip = {a.attempt_id for a in self._attempts()}  # earlier runs of this name were reported then
         self._last_line, self._last_print = "", 0.0
         self._val_loss: float | None = None  # the last evaluation's, until the attempt now training evaluates
@@ -96,7 +97,7 @@ class ProgressMonitor:
         attempts = self._attempts()
         if self.nodes:
             self.nodes.record({name for a in attempts for name in a.nodes})
-        statuses = {a.attempt_id: goodput.read_status(self.root, a.attempt_id) for a in attempts[-2:]}
+        statuses = {a.attempt_id: self._status(a.attempt_id, ended=a is not attempts[-1]) for a in attempts[-2:]}
         if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
             self._interruption(attempts[-2], statuses[attempts[-2].attempt_id], attempts[-1],
                                statuses[attempts[-1].attempt_id])
@@ -105,6 +106,15 @@ class ProgressMonitor:
             if current:
                 self._notice(attempts[-1].attempt_id, current)
                 self._progress(current)
+
+    def _status(self, attempt_id: str, ended: bool) -> dict | None:
+        """An attempt's status; read once after a newer attempt started, since Ray stopped its workers first."""
+        if attempt_id in self._ended:
+            return self._ended[attempt_id]
+        status = goodput.read_status(self.root, attempt_id)
+        if ended:
+            self._ended[attempt_id] = status
+        return status
 
     def _notice(self, attempt_id: str, status: dict) -> None:
         notice = status.get("notice")

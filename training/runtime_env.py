@@ -1,24 +1,31 @@
 """What travels to the Ray workers besides the config: forwarded environment variables and the working dir.
 
-The working dir travels as a zip in the run's storage, named by its content, whose URI Ray Train's workers fetch:
-Ray takes a local directory only in a job-level runtime_env (``ray.init``), which spotray does not own where Ray
-is started by someone else; a URI in the run's storage reaches every node that can reach the run's checkpoints,
-every worker of every attempt gets the same code, and a changed directory gets a new package.
+The working dir travels as a zip in the run's storage, named by its content, and each worker unpacks it itself
+through the storage module (once per node and content) before anything imports it: a URI in the run's storage
+reaches every node that can reach the run's checkpoints, with the run's storage settings (endpoint, credentials);
+every worker of every attempt gets the same code, and a changed directory gets a new package. Ray's own
+``working_dir`` would fetch it in the node's runtime-env agent, with boto3's defaults, before the worker process
+may start, and a runtime_env keeps Ray from reusing its started worker processes; it is used only for a package
+of a scheme the storage module does not read (``https://``, ``gs://``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
+import io
 import logging
 import os
+import shutil
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from spotray.config import EnvSection, TrainConfig
 from spotray.errors import ConfigError
-from spotray.storage import Location
+from spotray.storage import Location, resolve
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +42,76 @@ _PACKAGE_TOP = "working_dir"  # the one top-level directory Ray strips when it u
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so that the same files make the same bytes and the same name
 
 
-def worker_runtime_env(cfg: TrainConfig, run_root: Location) -> dict:
-    """The runtime_env of every Ray Train worker; a local working dir is packaged into ``run_root`` first."""
+def worker_runtime_env(cfg: TrainConfig) -> dict:
+    """The runtime_env of every Ray Train worker: forwarded variables, and a package only Ray can fetch."""
     env_vars = {} if cfg.env.on_nodes else forwarded_env(cfg.env)
     runtime_env = {"env_vars": env_vars} if env_vars else {}
-    if cfg.runtime.working_dir_is_uri:
+    if cfg.runtime.working_dir_is_uri and not _fetched_by_spotray(cfg.runtime.working_dir):
         runtime_env["working_dir"] = cfg.runtime.working_dir
-    elif cfg.runtime.working_dir:
-        runtime_env["working_dir"] = ship_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb,
-                                                      run_root.child(CODE_DIR))
     return runtime_env
+
+
+def shipped(cfg: TrainConfig, run_root: Location) -> TrainConfig:
+    """``cfg`` as the workers get it: a local working dir packaged into ``run_root`` and named by its URI."""
+    if not cfg.runtime.working_dir or cfg.runtime.working_dir_is_uri:
+        return cfg
+    url = ship_working_dir(cfg.runtime.working_dir, cfg.runtime.max_package_mb, run_root.child(CODE_DIR))
+    return dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, working_dir=url))
+
+
+def enter_working_dir(cfg: TrainConfig, cache: Path | None = None) -> None:
+    """On a worker, before the task or script imports: the package unpacked on this node, as the current
+    directory and first on the import path (where Ray is not the one fetching it)."""
+    url = cfg.runtime.working_dir
+    if not url or not _fetched_by_spotray(url):
+        return
+    directory = unpack(resolve(url, cfg.storage.options()), cache or Path(tempfile.gettempdir(), "spotray", "code"))
+    os.chdir(directory)
+    sys.path.insert(0, str(directory))
+
+
+def _fetched_by_spotray(url: str) -> bool:
+    return url.startswith(("s3://", "file://"))
+
+
+def unpack(package: Location, cache: Path) -> Path:
+    """The package's files in ``cache``, fetched once per node: workers of the node that find the folder take it.
+    Its name is the package's URL, size and time, so that a zip replaced under the same URL is fetched again."""
+    key = hashlib.sha256(f"{package.url}|{package.stamp()}".encode()).hexdigest()[:20]
+    target = cache / key
+    if target.is_dir():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=cache, prefix=".unpack-"))
+    try:
+        with zipfile.ZipFile(io.BytesIO(package.read_bytes())) as archive:
+            _extract(archive, scratch / "files")
+        try:
+            os.rename(scratch / "files", target)
+        except OSError:  # another worker of this node unpacked it first
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _extract(archive: zipfile.ZipFile, into: Path) -> None:
+    """All entries, without their one top-level directory where they share one (as Ray unpacks a zip), and with
+    the file modes they were packed with."""
+    entries = [e for e in archive.infolist() if not e.is_dir()]
+    tops = {e.filename.split("/", 1)[0] for e in entries}
+    strip = len(tops) == 1 and all("/" in e.filename for e in entries)
+    for entry in entries:
+        name = entry.filename.split("/", 1)[1] if strip else entry.filename
+        path = into / name
+        if not path.resolve().is_relative_to(into.resolve()):
+            raise ConfigError("runtime.working_dir", f"the package holds {entry.filename}, outside its folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(archive.read(entry))
+        mode = entry.external_attr >> 16 & 0o777
+        if mode:
+            path.chmod(mode)
 
 
 def ship_working_dir(working_dir: str, limit_mb: int, code_root: Location) -> str:

@@ -154,6 +154,25 @@ def test_the_driver_reads_each_attempts_record_once(tmp_path):
     assert "RESUMED from step 40 on 2 workers, 30.0s after the interruption, 10 steps lost" in stream.getvalue()
 
 
+def test_the_driver_reads_an_ended_attempts_status_once_and_no_file_as_an_attempt(tmp_path, monkeypatch):
+    """Each poll is storage requests (S3 bills them, and a loopback one spends the CPU a recovery needs): the files
+    beside the attempts are not probed as attempts, and an attempt a newer one followed has its final status."""
+    root = resolve(str(tmp_path / "attempts"))
+    root.child("run.json").write_text(json.dumps({"started_at": 1000.0}))
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1110.0, "step": 50})
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=io.StringIO())
+    write_attempt(root, "b", 40, 60, {"entered_at": 1130.0, "first_step_at": 1140.0, "last_seen": 1200.0,
+                                      "step": 60})
+    reads = []
+    read = type(root).read_text_if_exists
+    monkeypatch.setattr(type(root), "read_text_if_exists", lambda self: reads.append(self.url) or read(self))
+    for _ in range(3):
+        monitor.poll()
+    reads = [url.removeprefix(root.url) for url in reads]
+    assert [url for url in reads if url.endswith("attempt.json")] == ["/b/attempt.json"]
+    assert [url for url in reads if url.endswith("status.json")] == ["/a/status.json", *["/b/status.json"] * 3]
+
+
 def test_a_resuming_attempt_exports_the_badput_so_far_counting_the_steps_it_will_retrain_as_wasted(tmp_path):
     """A trains 1-50 and is drained; B resumes at 50 and vanishes at 80; C starts from the step-70 checkpoint."""
     root = resolve(str(tmp_path / "attempts"))

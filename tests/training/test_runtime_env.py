@@ -1,4 +1,6 @@
 import logging
+import os
+import sys
 import zipfile
 
 import pytest
@@ -8,9 +10,12 @@ from spotray.errors import ConfigError
 from spotray.runtime_env import (
     STORAGE_ENV,
     check_working_dir,
+    enter_working_dir,
     forwarded_env,
     packaged_files,
     ship_working_dir,
+    shipped,
+    unpack,
     worker_runtime_env,
 )
 from spotray.storage import resolve
@@ -29,12 +34,14 @@ def test_no_runtime_env_where_nothing_travels_or_the_nodes_have_it_so_ray_reuses
     monkeypatch.setenv("WANDB_API_KEY", "secret-wandb")
     for name in STORAGE_ENV:
         monkeypatch.delenv(name, raising=False)
-    run = resolve(str(tmp_path))
-    assert worker_runtime_env(load(None, ["data.path=/d"]), run) == {}
-    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]"]), run) == {
+    assert worker_runtime_env(load(None, ["data.path=/d"])) == {}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]"])) == {
         "env_vars": {"WANDB_API_KEY": "secret-wandb"}}
-    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]", "env.on_nodes=true"]),
-                              run) == {}
+    assert worker_runtime_env(load(None, ["data.path=/d", "env.forward=[WANDB_API_KEY]", "env.on_nodes=true"])) == {}
+    project = tmp_path / "project"
+    project.mkdir()
+    cfg = load(None, ["data.path=/d", "env.on_nodes=true", f"runtime.working_dir={project}"])
+    assert worker_runtime_env(cfg) == {}  # a shipped working dir is unpacked by the worker, not by Ray
 
 
 @pytest.mark.parametrize("bad", ["WANDB_API_KEY=abc", "has space", ""])
@@ -75,11 +82,49 @@ def test_a_working_dir_ships_once_per_content_under_one_top_level_directory(tmp_
     assert ship_working_dir(str(tmp_path / "project"), 1, code) != uri and len(code.list_names()) == 2
 
 
-def test_a_working_dir_uri_travels_as_given_and_must_name_a_zip(tmp_path):
-    cfg = load(None, ["data.path=/d", "runtime.working_dir=s3://bucket/code/v1.zip", "env.on_nodes=true"])
-    assert worker_runtime_env(cfg, resolve(str(tmp_path))) == {"working_dir": "s3://bucket/code/v1.zip"}
+def test_a_working_dir_uri_is_fetched_by_the_worker_or_by_ray_where_storage_cannot_read_it_and_names_a_zip():
+    for uri, ray_fetches in (("s3://bucket/code/v1.zip", False), ("https://example.com/code/v1.zip", True)):
+        cfg = load(None, ["data.path=/d", f"runtime.working_dir={uri}", "env.on_nodes=true"])
+        assert worker_runtime_env(cfg) == ({"working_dir": uri} if ray_fetches else {})
+        assert shipped(cfg, resolve("/unused")) is cfg
     with pytest.raises(ConfigError, match=r"runtime.working_dir.*s3://bucket/code is a URI but not of a \.zip"):
         load(None, ["data.path=/d", "runtime.working_dir=s3://bucket/code"])
+
+
+def test_a_worker_runs_in_the_unpacked_package_fetched_once_per_node_and_content(tmp_path, storage_root,
+                                                                                monkeypatch):
+    make_tree(tmp_path / "project")
+    (tmp_path / "project" / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "project" / "run.sh").chmod(0o755)
+    endpoint = [f"storage.endpoint_url={storage_root.options.endpoint_url}"] if storage_root.is_s3 else []
+    cfg = shipped(load(None, ["data.path=/d", f"runtime.working_dir={tmp_path / 'project'}", *endpoint]),
+                  storage_root)
+    assert cfg.runtime.working_dir.startswith(("s3://", "file://")) and cfg.runtime.working_dir.endswith(".zip")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    enter_working_dir(cfg, cache=tmp_path / "cache")
+    here = os.getcwd()
+    assert sys.path[0] == here and os.path.dirname(here) == str(tmp_path / "cache")
+    assert sorted(str(p.relative_to(here)) for p in __import__("pathlib").Path(here).rglob("*") if p.is_file()) == [
+        "pkg/code.py", "pkg/data/__init__.py", "run.sh"]
+    assert os.access("run.sh", os.X_OK)  # modes travel
+    package = resolve(cfg.runtime.working_dir, cfg.storage.options())
+    monkeypatch.setattr(type(package), "read_bytes", lambda self: pytest.fail("fetched twice"))
+    assert str(unpack(package, tmp_path / "cache")) == here  # another worker of the node takes the folder
+
+
+def test_a_package_replaced_under_the_same_url_is_fetched_again_and_one_escaping_its_folder_is_refused(tmp_path):
+    package = tmp_path / "code.zip"
+    for content in ("A = 1\n", "A = 22\n"):
+        with zipfile.ZipFile(package, "w") as archive:
+            archive.writestr("project/mod.py", content)
+        assert (unpack(resolve(str(package)), tmp_path / "cache") / "mod.py").read_text() == content
+    with zipfile.ZipFile(package, "w") as archive:
+        archive.writestr("mod.py", "")
+        archive.writestr("../evil.py", "")
+    with pytest.raises(ConfigError, match=r"runtime.working_dir': the package holds \.\./evil.py"):
+        unpack(resolve(str(package)), tmp_path / "cache")
+    assert not (tmp_path / "evil.py").exists()
 
 
 def test_oversized_working_dir_is_refused_listing_the_biggest_files(tmp_path):

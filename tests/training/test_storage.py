@@ -23,6 +23,14 @@ def test_roundtrip_list_range_and_delete(root):
     assert root.child("missing").list_names() == []
 
 
+def test_directories_are_listed_apart_and_a_missing_object_reads_as_none(root):
+    root.child("attempt-1", "attempt.json").write_text("{}")
+    root.child("run.json").write_text("{}")
+    assert root.list_dir_names() == ["attempt-1"] and root.child("missing").list_dir_names() == []
+    assert root.child("run.json").read_text_if_exists() == "{}"
+    assert root.child("nope.json").read_text_if_exists() is None
+
+
 def test_file_url_and_plain_path_are_the_same_place(tmp_path):
     resolve(str(tmp_path / "x")).write_text("same")
     assert resolve(f"file://{tmp_path}/x").read_text() == "same"

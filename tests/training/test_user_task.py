@@ -91,10 +91,11 @@ def write_project(project: Path) -> Path:
 
 
 def imported_on_workers(run_dir: Path, project: Path) -> list[str]:
-    """Where the workers imported the task module from (``SHIPPED_TASK`` records it), asserting it was Ray's copy."""
+    """Where the workers imported the task module from (``SHIPPED_TASK`` records it), asserting it was the package
+    each node unpacked (``runtime_env.enter_working_dir``)."""
     imported_from = (run_dir / "imported-from.txt").read_text().splitlines()
     on_workers = [where for where in imported_from if where != str(project)]
-    assert all("runtime_resources" in where for where in on_workers), imported_from
+    assert all(Path(where).parent.parts[-2:] == ("spotray", "code") for where in on_workers), imported_from
     return on_workers
 
 

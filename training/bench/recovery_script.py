@@ -152,10 +152,7 @@ def _drill(start_job, name: str, ckpt_url: str, endpoint: str, args: list[str], 
     bytes each node read at restore."""
     log = workdir / f"{name}.log"
     disks = workdir / f"disks-{name}"
-    # The nodes have the endpoint as the RayJob's pods have it: Ray's runtime-env agent fetches the script's folder,
-    # which spotray ships to the run's storage, with boto3's defaults, not with storage.endpoint_url.
-    cluster = _NodeDisks(workdir / f"ray-{name}", drain_timeout_s=20, env={"AWS_ENDPOINT_URL_S3": endpoint},
-                         disks=disks)
+    cluster = _NodeDisks(workdir / f"ray-{name}", drain_timeout_s=20, disks=disks)
     with cluster.start(workers=WORKERS):
         job = start_job(name, ckpt_url, endpoint, args, every, script, cluster, log)
         try:

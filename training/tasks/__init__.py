@@ -134,7 +134,7 @@ def _user_task(cfg: TrainConfig) -> Task:
 
 def _import_task_module(module_name: str, working_dir: str | None):
     """On a Ray worker the shipped working dir is on the path already; on the driver (and in a process group
-    without Ray) the task comes from the local directory that Ray ships."""
+    without Ray) the task comes from the local directory that spotray ships."""
     try:
         return importlib.import_module(module_name)
     except ImportError:
