@@ -8,7 +8,10 @@ One copy per file, one download per directory: every rank lists the directory, a
 lowest rank that has it (ranks sharing a disk see the same files); of the ranks whose restore directory is the same
 (host and path: a node's local disk) one downloads it for all: the one whose prefetch is under way (``FilesPrefetch``:
 the first worker of a node to lock the run's local dir starts the download as it starts, so that it arrives while the
-script imports and builds its model), else the lowest.
+script imports and builds its model), else the lowest. A node takes the files it committed itself from its own disk
+(the directory the newest commit of its ranks came from, recorded in the run's local dir), each checked against the
+marker's size and CRC32, and downloads only the rest: after a node is lost, the nodes that survived read little or
+nothing.
 An upload overlaps training (``Checkpointer.async_save``-like: at most one in flight); ``wait`` ends it.
 """
 
@@ -43,15 +46,17 @@ log = logging.getLogger(__name__)
 FILES_DIR = "files"
 CHUNK_BYTES = 64 * 2**20
 DOWNLOAD_THREADS = 8  # files fetched at once: one GET stream each
-RESTORED_MARK = ".spotray-restored"  # in a directory ``restore`` filled, so that a later restore may replace it
+RESTORED_MARK = ".spotray-restored"  # in a directory ``restore`` filled (may be replaced); its step, bytes read
+OWN_COPY = "committed-from.json"  # in the node's local dir: the step its ranks last committed, and from where
 DISK_HEADROOM = 1.05
 
 
 class FilesCheckpoints:
     """Commit and restore of a local directory's files, on every rank (every method is a collective)."""
 
-    def __init__(self, checkpointer: Checkpointer):
+    def __init__(self, checkpointer: Checkpointer, node_dir: Path | None = None):
         self.checkpointer = checkpointer
+        self.node_dir = node_dir  # the run's local dir on this node, where its own committed copy is recorded
         self.rank, self.world_size = checkpointer.rank, checkpointer.world_size
         # Uploads finish in a background thread whose collectives need a group of their own.
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -110,6 +115,8 @@ class FilesCheckpoints:
             location.child(COMMIT_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
             self.checkpointer.schedule_retention(step)
         all_gather_objects(None, self._group)  # the marker is written: every rank may count the step as committed
+        if self.node_dir is not None:
+            _record_own_copy(self.node_dir, step, local_dir)
         self.committed.append(step)
         self.last_save_s = time.monotonic() - started
         if self.rank == 0:
@@ -137,7 +144,8 @@ class FilesCheckpoints:
             try:
                 started = time.monotonic()
                 fetched = self.prefetch.take(candidate) if self.prefetch else None
-                read = _adopt(*fetched, local_dir) if fetched else _download(candidate, local_dir)
+                read = _adopt(*fetched, local_dir) if fetched else _download(
+                    candidate, local_dir, own_copy(self.node_dir, candidate.step))
                 self.bytes_read += read
                 log.info("restored step %d into %s: %.1f MB read by this rank%s in %.2fs", candidate.step,
                          local_dir, read / 1e6, " (prefetched)" if fetched else "", time.monotonic() - started)
@@ -165,6 +173,7 @@ class FilesPrefetch:
 
     def __init__(self, root: Location, scratch: Path, lock: int):
         self.scratch, self._lock = scratch, lock
+        self._node_dir = scratch.parent
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotray-prefetch")
         self._future = pool.submit(self._fetch, root)
         pool.shutdown(wait=False)
@@ -191,7 +200,7 @@ class FilesPrefetch:
         if not newest or not newest[0].is_files:
             return None
         directory = self.scratch / f"step_{newest[0].step}"
-        return newest[0], directory, _download(newest[0], directory)
+        return newest[0], directory, _download(newest[0], directory, own_copy(self._node_dir, newest[0].step))
 
     def take(self, checkpoint: CommittedCheckpoint) -> tuple[Path, int] | None:
         """The fetched directory and the bytes read, where it is ``checkpoint`` and arrived intact."""
@@ -247,14 +256,17 @@ def _put(source: Path, target: Location) -> dict:
     return {"size": size, "crc32": crc}
 
 
-def _download(checkpoint: CommittedCheckpoint, local_dir: Path) -> int:
-    """Every file of ``checkpoint`` into ``local_dir`` (replaced whole), checked against the marker; bytes read."""
+def _download(checkpoint: CommittedCheckpoint, local_dir: Path, own: Path | None = None) -> int:
+    """Every file of ``checkpoint`` into ``local_dir`` (replaced whole), checked against the marker: from ``own``
+    (this node's copy) where it holds the file intact, else from storage; bytes read from storage."""
     _check_space(local_dir, checkpoint.nbytes)
     staging = local_dir.with_name(f".{local_dir.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     def fetch(name: str) -> int:
-        return _get(checkpoint.location.child(name), checkpoint.files[name],
-                    staging / name.removeprefix(f"{FILES_DIR}/"))
+        relative, want = name.removeprefix(f"{FILES_DIR}/"), checkpoint.files[name]
+        if own is not None and _copy_own(own / relative, want, staging / relative):
+            return 0
+        return _get(checkpoint.location.child(name), want, staging / relative)
 
     try:
         with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="spotray-restore") as pool:
@@ -262,7 +274,7 @@ def _download(checkpoint: CommittedCheckpoint, local_dir: Path) -> int:
     except CheckpointError:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    (staging / RESTORED_MARK).write_text(str(checkpoint.step))
+    (staging / RESTORED_MARK).write_text(json.dumps({"step": checkpoint.step, "bytes_read": sum(sizes)}))
     _replace(local_dir, staging)
     return sum(sizes)
 
@@ -272,6 +284,40 @@ def _adopt(fetched: Path, read: int, local_dir: Path) -> int:
     local_dir.parent.mkdir(parents=True, exist_ok=True)
     _replace(local_dir, fetched)
     return read
+
+
+def _record_own_copy(node_dir: Path, step: int, local_dir: Path) -> None:
+    """After a commit: this node holds ``step``'s files it listed, in ``local_dir`` (written atomically)."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    record = node_dir / f".{OWN_COPY}.{os.getpid()}"
+    record.write_text(json.dumps({"step": step, "dir": str(local_dir.resolve())}))
+    record.replace(node_dir / OWN_COPY)
+
+
+def own_copy(node_dir: Path | None, step: int) -> Path | None:
+    """The directory this node committed ``step`` from, where it is still there."""
+    try:
+        record = json.loads((node_dir / OWN_COPY).read_text()) if node_dir else None
+    except (OSError, ValueError):
+        return None
+    directory = Path(record["dir"]) if record and record.get("step") == step else None
+    return directory if directory and directory.is_dir() else None
+
+
+def _copy_own(source: Path, want: dict, target: Path) -> bool:
+    """Copies this node's own file where it is the committed one (size, then CRC32 on the way); False otherwise."""
+    if not source.is_file() or source.stat().st_size != want["size"]:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    crc = 0
+    with open(source, "rb") as f, open(target, "wb") as out:
+        while chunk := f.read(CHUNK_BYTES):
+            crc = zlib.crc32(chunk, crc)
+            out.write(chunk)
+    if crc != want["crc32"]:
+        target.unlink()
+        return False
+    return True
 
 
 def _get(source: Location, want: dict, target: Path) -> int:

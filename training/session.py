@@ -48,7 +48,7 @@ class Session:
         self.attempt_id = shared_attempt_id()
         self.checkpointer = Checkpointer(self.root, rank=env.rank, world_size=env.world_size,
                                          keep_last=cfg.checkpoint.keep_last, attempt_id=self.attempt_id)
-        self.files = FilesCheckpoints(self.checkpointer)
+        self.files = FilesCheckpoints(self.checkpointer, node_dir=Path(local_dir(cfg)))
         self.files.prefetch = FilesPrefetch.on_this_disk(self.checkpointer.root, Path(local_dir(cfg)))
         self.max_steps: int | None = None  # the steps the script trains, once it says (``plan``)
         self.records: Records | None = None

@@ -27,7 +27,9 @@ from spotray.storage import resolve
 
 
 def script_config(runs: Path, *sets: str) -> dict:
-    raw = {"script": {"path": "train.py"}, "checkpoint": {"path": str(runs)}, "run": {"name": "s"}}
+    """A script run in ``runs``; the nodes' local dir beside it (``script.local_dir`` in ``sets`` gives another)."""
+    raw = {"script": {"path": "train.py", "local_dir": str(runs.parent / "local")}, "checkpoint": {"path": str(runs)},
+           "run": {"name": "s"}}
     return config.merge(raw, config.parse_overrides(list(sets)))
 
 
@@ -86,7 +88,8 @@ def test_files_reach_storage_once_before_the_marker_and_come_back_once_per_direc
     marker = json.loads(good.location.child(COMMIT_MARKER).read_text())
     cut.child(COMMIT_MARKER).write_text(json.dumps({**marker, "step": 20}))
     cut.child("files/rng_state_1.pth").delete_file()
-    ranks = run_on_process_group(restore_worker, (raw, str(tmp_path / "restored")), world_size=2)
+    new_node = script_config(runs, f"script.local_dir={tmp_path / 'new-node'}")  # it holds no copy of its own
+    ranks = run_on_process_group(restore_worker, (new_node, str(tmp_path / "restored")), world_size=2)
     assert [step for step, _, _ in ranks] == [10, 10], "the cut-short checkpoint is never resumed from"
     assert sum(read for _, read, _ in ranks) == good.nbytes, "each byte read once for the one directory"
     assert ranks[0][2] == ranks[1][2] == [".spotray-restored", "model.safetensors", "rng_state_0.pth",
@@ -116,13 +119,48 @@ def test_one_rank_per_node_prefetches_the_newest_checkpoint_and_the_restore_take
     dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
     run_on_process_group(commit_worker, (raw, dirs, None), world_size=2)
     (good,) = list_committed(checkpoints_root(resolve(str(runs)).child("s")))
-    ranks = run_on_process_group(prefetching_restore_worker, (raw, str(tmp_path / "restored")), world_size=2)
+    new_node = script_config(runs, f"script.local_dir={tmp_path / 'new-node'}")  # it holds no copy of its own
+    ranks = run_on_process_group(prefetching_restore_worker, (new_node, str(tmp_path / "restored")), world_size=2)
     assert [step for step, *_ in ranks] == [10, 10]
     assert sorted(read for _, read, _, _ in ranks) == [0, good.nbytes], "one rank read it, once"
     assert any("(prefetched)" in message for _, read, messages, _ in ranks if read for message in messages), ranks
     assert not any(exists for *_, exists in ranks), "nothing is left in the prefetch folder"
     assert sorted(os.listdir(tmp_path / "restored")) == [".spotray-restored", "model.safetensors",
                                                          "rng_state_0.pth", "rng_state_1.pth"]
+
+
+def own_node_worker(rank: int, world_size: int, raw: dict, tmp: str, restore: bool) -> list:
+    """Each rank on a node of its own (its local dir, its Trainer's directory): commits step 10, or restores it."""
+    os.environ[session.LOCAL_DIR_ENV] = f"{tmp}/local{rank}"
+    current = open_session(rank, world_size, raw)
+    if restore:
+        step = current.restore(f"{tmp}/node{rank}/resumed")
+    else:
+        current.restore(f"{tmp}/node{rank}/first")
+        write_files(Path(tmp, f"node{rank}", "checkpoint-10"), rank, 10)
+        current.commit(f"{tmp}/node{rank}/checkpoint-10", 10)
+        step = None
+    current.finish(moved=False)
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, (step, current.files.bytes_read))
+    return gathered
+
+
+def test_a_node_takes_the_files_it_committed_from_its_own_disk_and_downloads_the_rest(tmp_path):
+    """After a restart on the same nodes each reads from storage only what another node wrote, or what changed."""
+    raw = script_config(tmp_path / "runs")
+    del raw["script"]["local_dir"]  # each rank's own, below
+    run_on_process_group(own_node_worker, (raw, str(tmp_path), False), world_size=2)
+    (good,) = list_committed(checkpoints_root(resolve(str(tmp_path / "runs")).child("s")))
+    model = tmp_path / "node0" / "checkpoint-10" / "model.safetensors"
+    model.write_bytes(b"\xff" + model.read_bytes()[1:])  # node 0's copy changed: same size, other bytes
+    ranks = run_on_process_group(own_node_worker, (raw, str(tmp_path), True), world_size=2)
+    sizes = {name.removeprefix("files/"): entry["size"] for name, entry in good.files.items()}
+    assert ranks == [(10, sizes["model.safetensors"] + sizes["rng_state_1.pth"]), (10, sizes["rng_state_0.pth"])]
+    for rank in range(2):
+        resumed = tmp_path / f"node{rank}" / "resumed"
+        for name, entry in good.files.items():
+            assert zlib.crc32((resumed / name.removeprefix("files/")).read_bytes()) == entry["crc32"], (rank, name)
 
 
 def test_a_prefetch_of_another_checkpoint_is_not_taken_and_leaves_nothing(tmp_path):

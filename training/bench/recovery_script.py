@@ -12,9 +12,9 @@ The drill and its clock are ``recovery``'s: a head plus 2 worker nodes of 1 CPU;
 end of the first resumed step, as each job records it. Here every node also has its own temporary directory
 (``$TMPDIR``), as separate machines have their own disks: a node-local restore (spotray's default
 ``$TMPDIR/spotray/<run>``, Ray's ``as_directory`` temp dir) is then per node, as on a real cluster, and not shared by
-all the local "nodes". Bytes read at restore are counted per node: for spotray, the restored directory on each
-node's disk (``FilesCheckpoints`` downloads into it and nothing else, so its size is that node's
-``bytes_read``); for Ray, the checkpoint directory ``as_directory`` gave each rank (one rank per node here)."""
+all the local "nodes". Bytes read at restore are counted per node: for spotray, what the restored directory on each
+node's disk records it read from storage (a node takes the files it committed itself from its own disk); for Ray,
+the checkpoint directory ``as_directory`` gave each rank (one rank per node here)."""
 
 from __future__ import annotations
 
@@ -110,11 +110,11 @@ def _spotray_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every
         return spotray_resumed(attempts, ("restore",))
 
     def bytes_read(disks: Path) -> dict[str, int]:
-        """The restored directory of each node (``hf.resume_checkpoint``'s, under the node's ``$TMPDIR``)."""
+        """What each node's restore read from storage, as its restored directory records it (``hf.resume_checkpoint``'s,
+        under the node's ``$TMPDIR``): a node may take files it committed itself from its own disk."""
         found = {}
-        for restored in sorted(disks.glob(f"*/spotray/{name}/resume/checkpoint")):
-            node = restored.relative_to(disks).parts[0]
-            found[node] = sum(p.stat().st_size for p in restored.rglob("*") if p.is_file() and p.name != RESTORED_MARK)
+        for mark in sorted(disks.glob(f"*/spotray/{name}/resume/checkpoint/{RESTORED_MARK}")):
+            found[mark.relative_to(disks).parts[0]] = json.loads(mark.read_text())["bytes_read"]
         return found
 
     return _Job(proc, checkpointed, resumed, bytes_read)
