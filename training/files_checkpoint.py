@@ -248,12 +248,18 @@ def _assigned(listings: list[dict[str, int]], rank: int) -> list[str]:
 
 def _put(source: Path, target: Location) -> dict:
     """Streams one file up, computing its CRC32 on the way; its marker entry."""
-    crc, size = 0, 0
     with open(source, "rb") as f, target.open_output() as out:
-        while chunk := f.read(CHUNK_BYTES):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-            out.write(chunk)
+        size, crc = _copy(f, out)
     return {"size": size, "crc32": crc}
+
+
+def _copy(source, out) -> tuple[int, int]:
+    """Streams ``source`` into ``out`` in chunks; the bytes copied and their CRC32."""
+    crc, size = 0, 0
+    while chunk := source.read(CHUNK_BYTES):
+        crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+        out.write(chunk)
+    return size, crc
 
 
 def _download(checkpoint: CommittedCheckpoint, local_dir: Path, own: Path | None = None) -> int:
@@ -309,11 +315,8 @@ def _copy_own(source: Path, want: dict, target: Path) -> bool:
     if not source.is_file() or source.stat().st_size != want["size"]:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    crc = 0
     with open(source, "rb") as f, open(target, "wb") as out:
-        while chunk := f.read(CHUNK_BYTES):
-            crc = zlib.crc32(chunk, crc)
-            out.write(chunk)
+        _, crc = _copy(f, out)
     if crc != want["crc32"]:
         target.unlink()
         return False
@@ -323,11 +326,8 @@ def _copy_own(source: Path, want: dict, target: Path) -> bool:
 def _get(source: Location, want: dict, target: Path) -> int:
     """Streams one file down, checking its size and CRC32 against the marker's; bytes read."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    crc, size = 0, 0
     with source.open_input() as f, open(target, "wb") as out:
-        while chunk := f.read(CHUNK_BYTES):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-            out.write(chunk)
+        size, crc = _copy(f, out)
     if (size, crc) != (want["size"], want["crc32"]):
         raise CheckpointError(f"{source.url} is corrupted: {size} bytes CRC32 {crc:08x}, {COMMIT_MARKER} records "
                               f"{want['size']} bytes CRC32 {want['crc32']:08x}")

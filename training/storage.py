@@ -183,15 +183,16 @@ class Location:
 
     def list_names(self) -> list[str]:
         """Names directly under this location (files and directories); empty when it does not exist."""
-        with self._guard("list"):
-            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos)
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in self._entries())
 
     def list_dir_names(self) -> list[str]:
         """Names of the directories directly under this location (one listing, no request per name)."""
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in self._entries()
+                      if i.type == pafs.FileType.Directory)
+
+    def _entries(self) -> list[pafs.FileInfo]:
         with self._guard("list"):
-            infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
-        return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos if i.type == pafs.FileType.Directory)
+            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
 
     def delete_tree(self) -> None:
         with self._guard("delete"):
