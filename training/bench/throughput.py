@@ -19,7 +19,7 @@ from spotray.errors import SpotrayError
 from spotray.tasks import load_task
 from spotray.telemetry import peak_flops
 
-GPU_BATCH_PER_WORKER = 16  # sequences per GPU and step
+GPU_BATCH_PER_WORKER = 64  # sequences per GPU and step: llm.c's GPT-2 124M shape (-b 64 -t 1024)
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop
 _RANK_ERROR = re.compile(r"^\[rank\d+\]: [\w.]*(Error|Exception)\b")
 # On CI's 2 cores the baseline has now and then exited 1 with no worker error in its output (not reproduced in 24
