@@ -1,5 +1,5 @@
-"""The KubeRay operator (CRDs applied server-side first) and the GPU plumbing (NVIDIA device plugin, DCGM
-exporter), as components over the values builders in ``cluster/charts.py``."""
+"""The KubeRay operator (CRDs applied server-side first), the privileged system namespace and the GPU plumbing
+(NVIDIA device plugin, DCGM exporter) in it, as components over the values builders in ``cluster/charts.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pulumi_kubernetes as k8s
 
 from spotray.cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
 from spotray.infra.kernel import helm
-from spotray.infra.kernel.names import GPU_NAMESPACE, GPU_TOLERATION, KUBERAY_NAMESPACE
+from spotray.infra.kernel.names import GPU_TOLERATION, KUBERAY_NAMESPACE, SYSTEM_NAMESPACE
+from spotray.infra.kernel.namespaces import KUBERAY, SYSTEM, namespace
+from spotray.infra.kernel.resources import from_manifest
 from spotray.infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
 
 
@@ -20,17 +22,31 @@ class KubeRayOperator(pulumi.ComponentResource):
         # The provider applies server-side (its default), which CRDs of this size need.
         crds = [k8s.yaml.v2.ConfigFile(f"{name}-crd-{url.rsplit('_', 1)[1].removesuffix('.yaml')}", file=url,
                                        opts=pulumi.ResourceOptions(parent=self)) for url in KUBERAY_CRDS]
+        labelled = from_manifest(f"{name}-namespace", namespace(KUBERAY_NAMESPACE, KUBERAY),
+                                 pulumi.ResourceOptions(parent=self))
         self.release = helm.release(f"{name}-chart", KUBERAY_OPERATOR, KUBERAY_NAMESPACE,
                                     kuberay_operator_values(monitor_labels),
-                                    pulumi.ResourceOptions(parent=self, depends_on=crds), skip_crds=True)
+                                    pulumi.ResourceOptions(parent=self, depends_on=[*crds, labelled]), skip_crds=True)
         self.register_outputs({"release": self.release.name})
 
 
+class SystemNamespace(pulumi.ComponentResource):
+    """The privileged namespace of what must touch the host: the GPU plumbing and monitoring's node exporter."""
+
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("spotray:cluster:SystemNamespace", name, None, opts)
+        self.namespace = from_manifest(f"{name}-namespace", namespace(SYSTEM_NAMESPACE, SYSTEM),
+                                       pulumi.ResourceOptions(parent=self))
+        self.register_outputs({"namespace": SYSTEM_NAMESPACE})
+
+
 class GpuPlumbing(pulumi.ComponentResource):
+    """In ``SYSTEM_NAMESPACE``, which ``SystemNamespace`` creates."""
+
     def __init__(self, name: str, monitor_labels: Mapping[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:GpuPlumbing", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        helm.release(f"{name}-device-plugin", NVIDIA_DEVICE_PLUGIN, GPU_NAMESPACE, device_plugin_values(), child)
-        helm.release(f"{name}-dcgm-exporter", DCGM_EXPORTER, GPU_NAMESPACE, dcgm_exporter_values(monitor_labels),
+        helm.release(f"{name}-device-plugin", NVIDIA_DEVICE_PLUGIN, SYSTEM_NAMESPACE, device_plugin_values(), child)
+        helm.release(f"{name}-dcgm-exporter", DCGM_EXPORTER, SYSTEM_NAMESPACE, dcgm_exporter_values(monitor_labels),
                      child)
         self.register_outputs({"toleration": GPU_TOLERATION})

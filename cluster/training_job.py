@@ -12,6 +12,8 @@ from spotray.cluster.rayjob import JobSettings, config_map, rayjob
 from spotray.cluster.rbac import head_access
 from spotray.cluster.warm_spares import priority_classes
 from spotray.config import TrainConfig
+from spotray.infra.kernel.namespaces import TRAINING
+from spotray.infra.kernel.namespaces import namespace as labelled_namespace
 from spotray.infra.kernel.resources import from_manifest
 
 
@@ -23,8 +25,8 @@ class TrainingNamespace(pulumi.ComponentResource):
     def __init__(self, name: str, namespace: str, service_account: str, monitoring_namespace: str,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:cluster:TrainingNamespace", name, None, opts)
-        self.namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": namespace},
-                                               opts=pulumi.ResourceOptions(parent=self))
+        self.namespace = from_manifest(f"{name}-namespace", labelled_namespace(namespace, TRAINING),
+                                       pulumi.ResourceOptions(parent=self))
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account", metadata={"name": service_account, "namespace": namespace},
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))

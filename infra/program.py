@@ -7,7 +7,7 @@ import os
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.cluster.addons import GpuPlumbing, KubeRayOperator
+from spotray.cluster.addons import GpuPlumbing, KubeRayOperator, SystemNamespace
 from spotray.cluster.object_store import MinioObjectStore, ObjectStoreArgs
 from spotray.cluster.rayjob import job_settings
 from spotray.cluster.training_job import TrainingJob, TrainingNamespace
@@ -37,7 +37,7 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     core = CoreNodes("core", CoreNodesArgs(cluster.name, cfg.core_pool, network.private_subnet_ids, tags))
     provider = k8s.Provider("eks", kubeconfig=cluster.kubeconfig,
                             opts=pulumi.ResourceOptions(depends_on=[core.ready]))
-    with_monitoring = _monitoring(cfg, provider, depends_on=[core.ready])
+    with_monitoring = _monitoring(cfg, provider, depends_on=[core.ready, _system_namespace(provider, [core.ready])])
     karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
                                                      cfg.gpu_pools, tags, provider, depends_on=with_monitoring,
                                                      monitor_labels=cfg.monitoring.monitor_labels))
@@ -56,6 +56,11 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
         github = GitHubRoles("github", GitHubRolesArgs(cfg.gitops, cfg.environment, cfg.cluster_name, tags))
         outputs.update(deployRoleArn=github.deploy_role_arn, previewRoleArn=github.preview_role_arn)
     return outputs
+
+
+def _system_namespace(provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> pulumi.Resource:
+    """Before monitoring: its node exporter lives there, beside the GPU plumbing."""
+    return SystemNamespace("system", opts=pulumi.ResourceOptions(providers=[provider], depends_on=depends_on))
 
 
 def _monitoring(cfg: StackConfig, provider: k8s.Provider, depends_on: list[pulumi.Resource]) -> list[pulumi.Resource]:
@@ -102,7 +107,7 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
         raise pulumi.RunError("platform existing needs a kubeconfig: `pulumi config set --secret spotray:kubeconfig "
                               "\"$(cat ~/.kube/config)\"`, or export KUBECONFIG")
     provider = k8s.Provider("existing", kubeconfig=kubeconfig)
-    _in_cluster(cfg, provider, depends_on=_monitoring(cfg, provider, depends_on=[]))
+    _in_cluster(cfg, provider, depends_on=_monitoring(cfg, provider, depends_on=[_system_namespace(provider, [])]))
     minio = cfg.storage.backend == "minio"
     endpoint = minio_endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
     outputs = {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}

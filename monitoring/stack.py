@@ -4,12 +4,13 @@ pinned chart, whose CRDs every ServiceMonitor and PodMonitor of the stack needs.
 from __future__ import annotations
 
 import pulumi
-import pulumi_kubernetes as k8s
 import pulumi_random as random
 
 from spotray.infra.kernel import helm
 from spotray.infra.kernel.config import MonitoringConfig
-from spotray.infra.kernel.resources import generated_secret
+from spotray.infra.kernel.namespaces import MONITORING
+from spotray.infra.kernel.namespaces import namespace as labelled_namespace
+from spotray.infra.kernel.resources import from_manifest, generated_secret
 from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
 from spotray.monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
 
@@ -17,8 +18,8 @@ from spotray.monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stac
 class MonitoringStack(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: MonitoringConfig, opts: pulumi.ResourceOptions | None = None):
         super().__init__("spotray:monitoring:MonitoringStack", name, None, opts)
-        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": cfg.namespace},
-                                          opts=pulumi.ResourceOptions(parent=self))
+        namespace = from_manifest(f"{name}-namespace", labelled_namespace(cfg.namespace, MONITORING),
+                                  pulumi.ResourceOptions(parent=self))
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[namespace])
         password = random.RandomPassword(f"{name}-grafana-password", length=32, special=False,
                                          opts=pulumi.ResourceOptions(parent=self))

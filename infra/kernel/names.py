@@ -9,7 +9,7 @@ from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
 TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)
 MONITORING_NAMESPACE = "monitoring"  # where Prometheus runs
 KUBERAY_NAMESPACE = "kuberay-system"
-GPU_NAMESPACE = "kube-system"  # the NVIDIA device plugin and DCGM exporter
+SYSTEM_NAMESPACE = "spotray-system"  # what must touch the host: NVIDIA device plugin, DCGM and node exporters
 _NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # Kubernetes sets it on every namespace
 
 # The service accounts Pod Identity maps to the bucket prefix: the Ray workers' (and the job submitter's), and the

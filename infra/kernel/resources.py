@@ -8,9 +8,11 @@ import pulumi_kubernetes as k8s
 
 
 def from_manifest(name: str, manifest: dict, opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """A ConfigMap, Deployment, PriorityClass, ServiceAccount, ClusterRole or ClusterRoleBinding, or a custom
+    """A Namespace, ConfigMap, Deployment, PriorityClass, ServiceAccount, ClusterRole or ClusterRoleBinding, or a custom
     resource (RayJob, PodMonitor, PrometheusRule)."""
     kind, metadata = manifest["kind"], manifest["metadata"]
+    if kind == "Namespace":
+        return k8s.core.v1.Namespace(name, metadata=metadata, opts=opts)
     if kind == "ServiceAccount":
         return k8s.core.v1.ServiceAccount(name, metadata=metadata, opts=opts)
     if kind == "ClusterRole":

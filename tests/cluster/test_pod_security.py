@@ -1,14 +1,21 @@
 """Every pod spotray runs (the RayJob's head, workers and submitter; the warm spares and their init container) meets
 the restricted Pod Security profile, writes only to the volumes it is given, and mounts a service-account token only
-where it calls the Kubernetes API (the head, which reads nodes)."""
+where it calls the Kubernetes API (the head, which reads nodes). Every namespace spotray creates carries the Pod
+Security levels the README's table gives, and every Helm release goes into one of them."""
+
+import re
 
 import pytest
 
 from spotray.cluster.pod_security import CACHE_DIR, RUN_AS_UID, SHM_SHARE
 from spotray.cluster.warm_spares import warm_spares
 from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig
+from spotray.infra.kernel.names import KUBERAY_NAMESPACE, MONITORING_NAMESPACE, SYSTEM_NAMESPACE, TRAINING_NAMESPACE
+from spotray.infra.kernel.namespaces import PSA_PREFIX
+from spotray.infra.render import render
 from tests.cluster.test_rayjob import SETTINGS, head, workers
 from tests.cluster.test_rayjob import job as job  # noqa: F401 - the fixture
+from tests.repo import REPO, STACKS
 
 WRITABLE = {"/tmp", "/dev/shm", CACHE_DIR, "/local"}
 
@@ -55,3 +62,36 @@ def test_shared_memory_is_in_memory_and_within_the_pods_limit(job, name):
 def test_only_the_head_mounts_a_service_account_token(job):
     mounted = {name for name, pod in pods(job).items() if pod.get("automountServiceAccountToken", True)}
     assert mounted == {"head"}
+
+
+def test_every_namespace_spotray_creates_carries_the_levels_the_readme_gives(stack_plans):
+    table = namespace_table((REPO / "README.md").read_text())
+    for stack in STACKS:
+        cfg, planned = stack_plans[stack]
+        rendered = render(cfg, planned)
+        created = {o["metadata"]["name"]: o["metadata"]["labels"] for o in rendered.objects.values()
+                   if o["kind"] == "Namespace"}
+        assert set(created) == {TRAINING_NAMESPACE, KUBERAY_NAMESPACE, SYSTEM_NAMESPACE, cfg.monitoring.namespace}
+        for name, labels in created.items():
+            enforce, report = table[name if name != cfg.monitoring.namespace else MONITORING_NAMESPACE]
+            assert labels == {f"{PSA_PREFIX}/enforce": enforce, f"{PSA_PREFIX}/warn": report,
+                              f"{PSA_PREFIX}/audit": report}, (stack, name)
+        releases = {release["release"]["namespace"] for release in rendered.releases.values()}
+        assert releases <= set(created), f"{stack}: a release into a namespace spotray does not create"
+
+
+def test_what_touches_the_host_runs_in_the_privileged_namespace_and_nothing_else_does(stack_plans):
+    cfg, planned = stack_plans["dev"]
+    rendered = render(cfg, planned)
+    releases = {r["release"]["name"]: r for r in rendered.releases.values()}
+    host = {name for name, r in releases.items() if r["release"]["namespace"] == SYSTEM_NAMESPACE}
+    assert host == {"nvidia-device-plugin", "dcgm-exporter"}
+    stack_values = releases["kube-prometheus-stack"]["values"]
+    assert stack_values["prometheus-node-exporter"]["namespaceOverride"] == SYSTEM_NAMESPACE
+    assert all(o["metadata"].get("namespace") != SYSTEM_NAMESPACE for o in rendered.objects.values())
+
+
+def namespace_table(readme: str) -> dict[str, tuple[str, str]]:
+    """The README's namespace table: name -> (enforce, warn and audit)."""
+    rows = re.findall(r"^\s*\| `([\w-]+)`[^|]*\| (\w+) \| (\w+) \|", readme, re.M)
+    return {name: (enforce, report) for name, enforce, report in rows}

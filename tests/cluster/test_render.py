@@ -88,8 +88,8 @@ def test_one_object_per_file_named_by_namespace_kind_and_name_and_all_in_the_kus
 def test_helm_releases_are_their_pinned_chart_and_values_that_exist_in_it(dev):
     _, out = dev
     releases = {p.parent.name: yaml.safe_load(p.read_text()) for p in (out / "helm").glob("*/release.yaml")}
-    assert set(releases) == {"kuberay-system-kuberay-operator", "kube-system-nvidia-device-plugin",
-                             "kube-system-dcgm-exporter", "spotray-minio", "monitoring-kube-prometheus-stack"}
+    assert set(releases) == {"kuberay-system-kuberay-operator", "spotray-system-nvidia-device-plugin",
+                             "spotray-system-dcgm-exporter", "spotray-minio", "monitoring-kube-prometheus-stack"}
     pins = {KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN, DCGM_EXPORTER, MINIO, KUBE_PROMETHEUS_STACK}
     for directory, release in releases.items():
         chart = next(c for c in pins if release["chart"].endswith(c.name))
