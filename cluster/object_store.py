@@ -47,7 +47,7 @@ class MinioObjectStore(pulumi.ComponentResource):
                     {"AWS_ACCESS_KEY_ID": access_key.result, "AWS_SECRET_ACCESS_KEY": secret_key.result},
                     child),
         ]
-        values = minio_values(args.bucket, args.storage, args.monitoring)
+        values = minio_values(args.bucket, args.namespace, args.storage, args.monitoring)
         release = helm.release(f"{name}-chart", MINIO, args.namespace, values,
                                pulumi.ResourceOptions(parent=self, depends_on=secrets), release_name=MINIO_RELEASE)
         self.endpoint = minio_endpoint(args.namespace)

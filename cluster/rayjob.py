@@ -35,6 +35,7 @@ from spotray.infra.kernel.names import (
     GPU_TOLERATION,
     HEAD_SERVICE_ACCOUNT,
     METRICS_PORTS,
+    MINIO_CA_SECRET,
     POOL_LABEL,
     SUBMITTER_COMPONENT,
     TRAINING_COMPONENT,
@@ -52,6 +53,7 @@ CONFIG_DIR = "/etc/spotray"
 CONFIG_FILE = "train.yaml"
 DRAIN_MARGIN_S = 20  # of the spot notice, kept for the pod to stop after Ray's drain deadline
 HEAD_CPUS, HEAD_MEMORY_GIB = 2, 8  # the head schedules and serves the dashboard; it never trains
+STORAGE_CA_DIR = "/etc/storage-ca"  # AWS_CA_BUNDLE: boto3 reads it, spotray hands it to pyarrow
 LOCAL_DIR = "/local"  # each Ray pod's scratch emptyDir (HF Trainer output dirs, downloaded checkpoints)
 LOCAL_ENV = "SPOTRAY_LOCAL_DIR"
 # Its sizeLimit: a worker may fill a GPU node's root volume (the EC2NodeClass's 200 GiB); the head, on a shared core
@@ -76,6 +78,7 @@ class JobSettings:
     job: TrainingJobConfig = field(default_factory=TrainingJobConfig)
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
+    storage_ca_secret: str | None = None  # a Secret whose ca.crt signed the endpoint's certificate (MinIO)
     prometheus_url: str | None = None
 
 
@@ -92,6 +95,7 @@ def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | N
                        job=stack.training,
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
                        storage_secret=STORAGE_SECRET if minio else None,
+                       storage_ca_secret=MINIO_CA_SECRET if minio else None,
                        prometheus_url=prometheus_url(monitoring.release, monitoring.namespace)
                        if monitoring.mode == "install" else None)
 
@@ -196,6 +200,8 @@ def _env(settings: JobSettings) -> list[dict]:
     if settings.storage_secret:
         env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": settings.storage_secret, "key": key}}}
                 for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    if settings.storage_ca_secret:
+        env.append({"name": "AWS_CA_BUNDLE", "value": f"{STORAGE_CA_DIR}/ca.crt"})
     env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var}}}
             for var, secret in sorted(settings.job.env_secrets.items())]
     return env
@@ -223,6 +229,17 @@ def _local_var() -> dict:
     return {"name": LOCAL_ENV, "value": LOCAL_DIR}
 
 
+def _storage_ca_volumes(settings: JobSettings) -> list[dict]:
+    if not settings.storage_ca_secret:
+        return []
+    return [{"name": "storage-ca", "secret": {"secretName": settings.storage_ca_secret,
+                                              "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+
+
+def _storage_ca_mounts(settings: JobSettings) -> list[dict]:
+    return [{"name": "storage-ca", "mountPath": STORAGE_CA_DIR, "readOnly": True}] if settings.storage_ca_secret else []
+
+
 def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
     return {
         "serviceType": "ClusterIP",  # 6379, 8265 and 10001 stay inside the cluster
@@ -240,10 +257,11 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
                     "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}, *METRICS_PORTS["head"]],
                     "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, _local_mount(),
-                                     *writable_mounts(ray=True)],
+                                     *writable_mounts(ray=True), *_storage_ca_mounts(settings)],
                 }],
                 "volumes": [{"name": "config", "configMap": {"name": f"{name}-config"}},
-                            _local_volume(HEAD_LOCAL_DISK_GIB), *writable_volumes(HEAD_MEMORY_GIB)],
+                            _local_volume(HEAD_LOCAL_DISK_GIB), *writable_volumes(HEAD_MEMORY_GIB),
+                            *_storage_ca_volumes(settings)],
             },
         },
     }
@@ -274,9 +292,10 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                     "securityContext": container_context(),
                     "resources": worker_resources(job),
                     "ports": METRICS_PORTS["worker"],
-                    "volumeMounts": [_local_mount(), *writable_mounts(ray=True)],
+                    "volumeMounts": [_local_mount(), *writable_mounts(ray=True), *_storage_ca_mounts(settings)],
                 }],
-                "volumes": [_local_volume(WORKER_LOCAL_DISK_GIB), *writable_volumes(job.memory_gib_per_worker)],
+                "volumes": [_local_volume(WORKER_LOCAL_DISK_GIB), *writable_volumes(job.memory_gib_per_worker),
+                            *_storage_ca_volumes(settings)],
             },
         },
     }

@@ -37,9 +37,19 @@ class StorageOptions:
         return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
+def ca_bundle() -> str | None:
+    """The standard AWS setting for the CA that signed a private endpoint's certificate (an in-cluster MinIO's):
+    boto3 reads it itself, pyarrow's S3 filesystem only when it is handed over."""
+    path = os.environ.get("AWS_CA_BUNDLE") or None
+    if path and not os.path.isfile(path):
+        raise StorageError(f"AWS_CA_BUNDLE={path}: no such file; point it at the PEM file of the CA that signed the "
+                           "S3 endpoint's certificate, or unset it")
+    return path
+
+
 @functools.cache
-def _s3_filesystem(endpoint: str | None, region: str) -> pafs.S3FileSystem:
-    kwargs: dict = {"region": region}
+def _s3_filesystem(endpoint: str | None, region: str, ca_file: str | None) -> pafs.S3FileSystem:
+    kwargs: dict = {"region": region, "tls_ca_file_path": ca_file}
     if endpoint:
         parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
         kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https")
@@ -290,7 +300,7 @@ def resolve(url: str, options: StorageOptions | None = None) -> Location:
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise StorageError(f"{url}: an S3 URL needs a bucket, e.g. s3://my-bucket/prefix")
-        fs = _s3_filesystem(options.resolved_endpoint(), options.resolved_region())
+        fs = _s3_filesystem(options.resolved_endpoint(), options.resolved_region(), ca_bundle())
         path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
         return Location(f"s3://{path}", fs, path, options)
     if parsed.scheme == "file":

@@ -48,6 +48,7 @@ METRICS_PORTS = {
 
 # The in-cluster object store
 MINIO_RELEASE = "minio"  # the chart names its Service after the release
+MINIO_CA_SECRET = f"{MINIO_RELEASE}-crt"  # the chart's generated certificate: ca.crt, tls.crt, tls.key
 MINIO_PORT = 9000
 
 
@@ -62,8 +63,13 @@ def prometheus_url(release: str, namespace: str) -> str:
     return f"http://{fullname[:26].rstrip('-')}-prometheus.{namespace}.svc.cluster.local:{PROMETHEUS_PORT}"
 
 
+def minio_host(namespace: str) -> str:
+    return f"{MINIO_RELEASE}.{namespace}.svc.cluster.local"
+
+
 def minio_endpoint(namespace: str) -> str:
-    return f"http://{MINIO_RELEASE}.{namespace}.svc.cluster.local:{MINIO_PORT}"
+    """TLS, with the certificate the chart generates: ``MINIO_CA_SECRET``'s ``ca.crt`` signed it."""
+    return f"https://{minio_host(namespace)}:{MINIO_PORT}"
 
 
 def datasets_bucket(bucket: str) -> str:

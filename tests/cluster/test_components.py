@@ -71,7 +71,7 @@ def test_every_stack_installs_kuberay_and_gpu_plumbing_and_minio_only_when_it_is
     assert {"spotray:cluster:KubeRayOperator", "spotray:cluster:GpuPlumbing"} <= components
     assert ("spotray:cluster:MinioObjectStore" in components) == (cfg.storage.backend == "minio")
     if cfg.storage.backend == "minio":
-        assert plan.outputs["storageEndpoint"] == "http://minio.spotray.svc.cluster.local:9000"
+        assert plan.outputs["storageEndpoint"] == "https://minio.spotray.svc.cluster.local:9000"
 
 
 def service_types(values: dict, path: str = "") -> dict[str, str]:

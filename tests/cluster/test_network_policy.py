@@ -75,7 +75,7 @@ def test_every_port_the_policy_names_is_a_named_port_of_the_head():
 
 
 def test_minio_admits_training_pods_and_prometheus_but_not_the_submitter_or_strangers():
-    policy = minio_values("b", StorageConfig(), MonitoringConfig(release="kps"))["networkPolicy"]
+    policy = minio_values("b", "spotray", StorageConfig(), MonitoringConfig(release="kps"))["networkPolicy"]
     assert policy["enabled"] is True and policy["allowExternal"] is False
     assert policy["addExternalClientAccess"] is False  # no label anyone may add opens it
     pods = policy["ingressPodMatchLabels"]

@@ -28,8 +28,8 @@ from tests.schemas import validate_custom_resource
 
 RAYJOB_CRD = "kuberay-v1.7.0_ray.io_rayjobs.yaml"
 SETTINGS = JobSettings(image="123456789012.dkr.ecr.us-west-2.amazonaws.com/spotray/dev/training:abc123",
-                       gpu_pool="a10g-spot", storage_endpoint="http://minio.spotray.svc.cluster.local:9000",
-                       storage_secret="spotray-storage",
+                       gpu_pool="a10g-spot", storage_endpoint="https://minio.spotray.svc.cluster.local:9000",
+                       storage_secret="spotray-storage", storage_ca_secret="minio-crt",
                        job=TrainingJobConfig(env_secrets={"WANDB_API_KEY": "wandb"}, backoff_limit=5))
 
 
@@ -114,8 +114,21 @@ def test_secrets_come_from_secret_refs_never_as_values(job):
         "name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "spotray-storage",
                                                                          "key": "AWS_SECRET_ACCESS_KEY"}}}
     assert by_name["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "WANDB_API_KEY"}
-    plain = {"AWS_ENDPOINT_URL_S3", "SPOTRAY_LOCAL_DIR", *CACHE_VARIABLES}
+    plain = {"AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE", "SPOTRAY_LOCAL_DIR", *CACHE_VARIABLES}
     assert all("value" not in e for e in env if e["name"] not in plain)
+
+
+@pytest.mark.parametrize("group", [head, workers])
+def test_ray_pods_reach_minio_over_https_trusting_the_ca_its_chart_generated(job, group):
+    spec = group(job)["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AWS_ENDPOINT_URL_S3"].startswith("https://")
+    mount = next(m for m in container["volumeMounts"] if env["AWS_CA_BUNDLE"].startswith(m["mountPath"] + "/"))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert mount["readOnly"] and volume["secret"] == {"secretName": "minio-crt",
+                                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert env["AWS_CA_BUNDLE"] == f"{mount['mountPath']}/ca.crt"
 
 
 def test_a_forwarded_variable_without_a_secret_is_refused():

@@ -1,7 +1,8 @@
 import pytest
 
+from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import StorageError
-from spotray.storage import resolve
+from spotray.storage import StorageOptions, resolve
 
 
 @pytest.fixture
@@ -70,3 +71,70 @@ def test_a_directory_moves_whole_and_leaves_nothing_behind(root):
 def test_moving_a_directory_that_is_not_there_is_a_storage_error(root):
     with pytest.raises(StorageError, match="missing"):
         root.child("missing").move_tree_to(root.child("elsewhere"), last="MARKER")
+
+
+@pytest.fixture(scope="module")
+def tls_endpoint(tmp_path_factory):
+    """moto serving https with a certificate for 127.0.0.1 signed by a CA of its own: (endpoint, CA file)."""
+    folder = tmp_path_factory.mktemp("tls")
+    ca_file, cert, key = certificate_chain(folder)
+    with moto_server(tls=(cert, key)) as endpoint:
+        yield endpoint, ca_file
+
+
+def test_an_https_endpoint_is_trusted_through_the_aws_ca_bundle_by_pyarrow_and_boto3(tls_endpoint, monkeypatch):
+    endpoint, ca_file = tls_endpoint
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca_file)
+    root = resolve(f"{create_bucket(endpoint)}/root", StorageOptions(endpoint_url=endpoint))
+    root.child("a/x.bin").write_bytes(b"over tls")  # pyarrow
+    assert root.child("a/x.bin").read_bytes() == b"over tls"
+    root.child("a").move_tree_to(root.child("b"), last="x.bin")  # boto3's server-side copies
+    assert root.child("b/x.bin").read_bytes() == b"over tls"
+
+
+def test_an_untrusted_or_missing_ca_bundle_is_one_storage_error(tls_endpoint, monkeypatch, tmp_path):
+    endpoint, ca_file = tls_endpoint
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca_file)
+    x = resolve(f"{create_bucket(endpoint)}/x", StorageOptions(endpoint_url=endpoint))
+    x.write_text("x")
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    with pytest.raises(StorageError, match=r"^cannot read s3://.*certificate"):
+        resolve(x.url, StorageOptions(endpoint_url=endpoint)).read_bytes()
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "nowhere.pem"))
+    with pytest.raises(StorageError, match="^AWS_CA_BUNDLE=.*nowhere.pem: no such file; point it at"):
+        resolve("s3://any-bucket/x", StorageOptions(endpoint_url=endpoint))
+
+
+def certificate_chain(folder) -> tuple[str, str, str]:
+    """A CA, and a server certificate for 127.0.0.1 it signed: paths of (CA, certificate, key), PEM."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def issue(subject: str, key, issuer: x509.Name, signer, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(issuer).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spotray test CA")])
+    ca = issue("spotray test CA", ca_key, ca_name, ca_key, ca=True)
+    server = issue("127.0.0.1", server_key, ca.subject, ca_key, ca=False)
+    paths = [folder / "ca.pem", folder / "server.pem", folder / "server.key"]
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return tuple(str(p) for p in paths)

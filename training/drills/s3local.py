@@ -18,20 +18,22 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """Start ``moto.server`` on 127.0.0.1, export test credentials, yield the endpoint URL."""
+def moto_server(tls: tuple[str, str] | None = None) -> Iterator[str]:
+    """Start ``moto.server`` on 127.0.0.1, export test credentials, yield the endpoint URL; with ``tls`` (the paths
+    of a PEM certificate and its key) it serves https."""
     try:
         import moto.server  # noqa: F401
     except ImportError as exc:
         raise SpotrayError("the loopback S3 endpoint needs moto: pip install 'spotray[dev]'") from exc
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    serve_tls = ["-c", tls[0], "-k", tls[1]] if tls else []
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), *serve_tls],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     old = {k: os.environ.get(k) for k in CREDENTIALS}
     try:
         _wait_for_port(port, proc)
         os.environ.update(CREDENTIALS)
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         for key, value in old.items():
             if value is None:
