@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CHECKOV := .venv-checkov/bin/checkov
+CHECKOV_VERSION := 3.3.30
 GPU_RESULTS ?= gpu-results
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -12,7 +14,7 @@ STACKS := $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml))
 RENDERED := cluster/rendered
 
 .PHONY: demo test gpu-test lint workflows prometheus clean install plan-diff image render render-check pulumi-env \
-	publish-render
+	publish-render scan
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +43,17 @@ prometheus:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-test: lint prometheus
+test: lint prometheus $(CHECKOV)
 	$(BIN)/python -m pytest
+
+# checkov in a virtualenv of its own (its pins are not the project's), run offline by tests/cluster/test_scan.py.
+$(CHECKOV): | $(STAMP)
+	$(BIN)/uv venv --quiet --python $(PYTHON) .venv-checkov
+	$(BIN)/uv pip install --quiet --python .venv-checkov/bin/python checkov==$(CHECKOV_VERSION)
+
+# checkov over every stack's render and spotray's pods; findings outside .ci/checkov-skips.yaml fail.
+scan: $(STAMP) $(CHECKOV)
+	$(BIN)/python -m pytest tests/cluster/test_scan.py -v
 
 # NCCL DDP/FSDP2 on every GPU, exact resume, bf16 + torch.compile, a Transformers model, and the throughput bench
 # (its JSON, with tokens/s and MFU, goes to $(GPU_RESULTS)/ for BENCHMARKS.md). Fails where CUDA is missing.
@@ -84,4 +95,4 @@ image:
 	tee -a "$${GITHUB_OUTPUT:-/dev/null}"
 
 clean:
-	rm -rf $(VENV) spotray-runs .pytest_cache
+	rm -rf $(VENV) .venv-checkov spotray-runs .pytest_cache

@@ -1,4 +1,4 @@
-"""The training namespace (its service accounts, the Ray head's right to read nodes, the Ray head's NetworkPolicy and
+"""The training namespace (its service accounts, the Ray head's right to read nodes, the NetworkPolicies and
 the training and warm-spare priorities), and the training RayJob with its config map, from the pure builders in
 ``cluster/rayjob.py``, ``cluster/rbac.py``, ``cluster/network_policy.py`` and ``cluster/warm_spares.py``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.cluster.network_policy import ray_head_policy
+from spotray.cluster.network_policy import closed_policies, ray_head_policy, ray_pods_policy
 from spotray.cluster.rayjob import JobSettings, config_map, rayjob
 from spotray.cluster.rbac import head_access
 from spotray.cluster.warm_spares import priority_classes
@@ -19,8 +19,8 @@ from spotray.infra.kernel.resources import from_manifest
 
 class TrainingNamespace(pulumi.ComponentResource):
     """Where training runs and MinIO lives; its service accounts are the ones Pod Identity maps to the bucket (the
-    Ray head's may also get nodes), and its NetworkPolicy keeps every Ray head in it closed to all but Ray pods,
-    KubeRay and Prometheus. Training workers run at a priority above the warm spares'."""
+    Ray head's may also get nodes), and its NetworkPolicies (``cluster/network_policy.py``) say who may reach each
+    of spotray's pods. Training workers run at a priority above the warm spares'."""
 
     def __init__(self, name: str, namespace: str, service_account: str, monitoring_namespace: str,
                  opts: pulumi.ResourceOptions | None = None):
@@ -34,9 +34,11 @@ class TrainingNamespace(pulumi.ComponentResource):
         for manifest in head_access(namespace):
             from_manifest(f"{name}-{manifest['kind'].lower()}-{manifest['metadata']['name']}", manifest,
                           in_namespace)
-        policy = ray_head_policy(namespace, monitoring_namespace)
-        k8s.networking.v1.NetworkPolicy(f"{name}-ray-head-policy", metadata=policy["metadata"], spec=policy["spec"],
-                                        opts=pulumi.ResourceOptions(parent=self, depends_on=[self.namespace]))
+        policies = [ray_head_policy(namespace, monitoring_namespace), ray_pods_policy(namespace, monitoring_namespace),
+                    *closed_policies(namespace)]
+        for policy in policies:
+            k8s.networking.v1.NetworkPolicy(f"{name}-{policy['metadata']['name']}-policy", metadata=policy["metadata"],
+                                            spec=policy["spec"], opts=in_namespace)
         for priority_class in priority_classes():
             from_manifest(f"{name}-{priority_class['metadata']['name']}", priority_class,
                           pulumi.ResourceOptions(parent=self))

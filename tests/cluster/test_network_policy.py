@@ -1,13 +1,15 @@
-"""Who reaches a Ray head and MinIO: the policies evaluated against the labels of the pods the builders make."""
+"""Who reaches a Ray head, a Ray worker, the submitter, a warm spare and MinIO: the policies evaluated against the
+labels of the pods the builders make."""
 
 import kubernetes_validate
 import pytest
 
 from spotray.cluster.charts import minio_values
-from spotray.cluster.network_policy import RAY_NODE_LABEL, ray_head_policy
+from spotray.cluster.network_policy import RAY_NODE_LABEL, closed_policies, ray_head_policy, ray_pods_policy
 from spotray.cluster.rayjob import JobSettings, rayjob
+from spotray.cluster.warm_spares import warm_spares
 from spotray.config import load
-from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
+from spotray.infra.kernel.config import GpuPoolConfig, MonitoringConfig, StorageConfig, TrainingJobConfig
 
 POLICY = ray_head_policy("spotray")
 JOB = rayjob(load(None, ["run.name=gpt", "data.path=s3://b/d", "checkpoint.path=s3://b/c"]),
@@ -82,3 +84,25 @@ def test_minio_admits_training_pods_and_prometheus_but_not_the_submitter_or_stra
     assert _matches({"matchLabels": pods}, HEAD) and _matches({"matchLabels": pods}, WORKER)
     assert not _matches({"matchLabels": pods}, SUBMITTER)
     assert policy["ingressNSMatchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+
+
+RAY_PODS = ray_pods_policy("spotray")
+
+
+@pytest.mark.parametrize("port", ["metrics", "10002", "8076"])
+def test_ray_pods_reach_each_other_on_any_port_and_prometheus_only_their_metrics(port):
+    assert _matches(RAY_PODS["spec"]["podSelector"], WORKER) and _matches(RAY_PODS["spec"]["podSelector"], HEAD)
+    assert admits(RAY_PODS, "spotray", HEAD, port) and admits(RAY_PODS, "spotray", WORKER, port)
+    assert not admits(RAY_PODS, "spotray", SUBMITTER, port)
+    assert admits(RAY_PODS, "monitoring", {}, port) == (port == "metrics")
+
+
+def test_nothing_reaches_the_submitter_or_a_warm_spare():
+    spare = warm_spares(GpuPoolConfig(name="a10g-spot", families=("g5",), warm_spares=1), TrainingJobConfig(),
+                        "r.example.com/spotray:1", "spotray")["spec"]["template"]["metadata"]["labels"]
+    policies = closed_policies("spotray")
+    for labels in (SUBMITTER, spare):
+        (policy,) = [p for p in policies if _matches(p["spec"]["podSelector"], labels)]
+        assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    for policy in (*policies, RAY_PODS):
+        kubernetes_validate.validate(policy, "1.33.0", strict=True)
