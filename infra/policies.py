@@ -34,7 +34,7 @@ TAGGABLE = (
     "aws:iam/openIdConnectProvider:OpenIdConnectProvider", "aws:eks/accessEntry:AccessEntry",
     "aws:eks/nodeGroup:NodeGroup", "aws:eks/addon:Addon", "aws:eks/podIdentityAssociation:PodIdentityAssociation",
     "aws:sqs/queue:Queue", "aws:cloudwatch/eventRule:EventRule", "aws:ecr/repository:Repository",
-    "aws:s3/bucket:Bucket",
+    "aws:s3/bucket:Bucket", "aws:iam/policy:Policy",
 )
 
 

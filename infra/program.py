@@ -14,6 +14,7 @@ from spotray.cluster.training_job import TrainingJob, TrainingNamespace
 from spotray.cluster.warm_spares import WarmSpares
 from spotray.infra.aws.eks import Cluster, ClusterArgs
 from spotray.infra.aws.github import GitHubRoles, GitHubRolesArgs
+from spotray.infra.aws.iam import PermissionsBoundary
 from spotray.infra.aws.karpenter import Karpenter, KarpenterArgs
 from spotray.infra.aws.network import Network, NetworkArgs
 from spotray.infra.aws.nodes import CoreNodes, CoreNodesArgs
@@ -30,30 +31,33 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     if cfg.platform == "existing":
         return _existing_cluster(cfg)
     tags = cfg.resource_tags()
+    boundary = PermissionsBoundary("boundary", cfg.cluster_name, tags).arn
     network = Network("network", NetworkArgs(cfg.network, cfg.cluster_name, tags))
     cluster = Cluster("cluster", ClusterArgs(cfg.cluster_name, cfg.kubernetes, cfg.region,
                                              [*network.private_subnet_ids, *network.public_subnet_ids], tags,
-                                             cfg.protect))
-    core = CoreNodes("core", CoreNodesArgs(cluster.name, cfg.core_pool, network.private_subnet_ids, tags))
+                                             cfg.protect, boundary))
+    core = CoreNodes("core", CoreNodesArgs(cluster.name, cfg.core_pool, network.private_subnet_ids, tags, boundary))
     provider = k8s.Provider("eks", kubeconfig=cluster.kubeconfig,
                             opts=pulumi.ResourceOptions(depends_on=[core.ready]))
     with_monitoring = _monitoring(cfg, provider, depends_on=[core.ready, _system_namespace(provider, [core.ready])])
     karpenter = Karpenter("karpenter", KarpenterArgs(cluster.name, cluster.cluster.endpoint, cfg.region,
                                                      cfg.gpu_pools, tags, provider, depends_on=with_monitoring,
-                                                     monitor_labels=cfg.monitoring.monitor_labels))
+                                                     monitor_labels=cfg.monitoring.monitor_labels, boundary=boundary))
     _in_cluster(cfg, provider, depends_on=with_monitoring)
     registry = ImageRepository("registry", ImageRepositoryArgs(f"{cfg.project}/{cfg.stack}/training", tags,
                                                                     cfg.protect))
     outputs = {"clusterName": cluster.name, "kubeconfig": cluster.kubeconfig, "ecrUrl": registry.url,
                "gpuPools": karpenter.node_pools, "interruptionQueue": karpenter.queue_name}
     if cfg.storage.backend == "s3":
-        bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect))
+        bucket = CheckpointBucket("storage", BucketArgs(cfg.bucket, cfg.storage, cluster.name, tags, cfg.protect,
+                                                              boundary))
         outputs.update(storageEndpoint=f"https://s3.{cfg.region}.amazonaws.com", storageBucket=bucket.bucket_name)
     else:
         outputs.update(storageEndpoint=minio_endpoint(TRAINING_NAMESPACE), storageBucket=cfg.bucket,
                        datasetsBucket=datasets_bucket(cfg.bucket))
     if cfg.gitops.roles:
-        github = GitHubRoles("github", GitHubRolesArgs(cfg.gitops, cfg.environment, cfg.cluster_name, tags))
+        github = GitHubRoles("github", GitHubRolesArgs(cfg.gitops, cfg.environment, cfg.cluster_name, cfg.stack, tags,
+                                                            boundary))
         outputs.update(deployRoleArn=github.deploy_role_arn, previewRoleArn=github.preview_role_arn)
     return outputs
 

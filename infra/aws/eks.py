@@ -27,6 +27,7 @@ class ClusterArgs:
     subnet_ids: list[pulumi.Input[str]]
     tags: dict[str, str]
     protect: bool
+    boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
 
 class Cluster(pulumi.ComponentResource):
@@ -40,7 +41,8 @@ class Cluster(pulumi.ComponentResource):
         k8s, tags = args.config, args.tags
         key = aws.kms.Key(f"{name}-secrets", description=f"EKS secrets encryption for {args.name}",
                           enable_key_rotation=True, deletion_window_in_days=30, tags=tags, opts=stateful)
-        role = iam.role(f"{name}-control-plane", "eks.amazonaws.com", ["AmazonEKSClusterPolicy"], tags, child)
+        role = iam.role(f"{name}-control-plane", "eks.amazonaws.com", ["AmazonEKSClusterPolicy"], tags, args.boundary,
+                        child)
         logs = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/aws/eks/{args.name}/cluster", retention_in_days=90,
                                        tags=tags, opts=child)
         cluster = aws.eks.Cluster(

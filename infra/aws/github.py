@@ -1,20 +1,23 @@
 """What GitHub Actions assumes to run ``pulumi`` on this stack: roles trusted through GitHub's OIDC provider, so no
 workflow holds an AWS key. The deploy role admits only this repository's GitHub environment named like the stack's
-environment (where prod's required reviewers apply); the preview role admits the repository's pull requests,
-read-only."""
+environment (where prod's required reviewers apply) and may do what ``pulumi up`` of the stack does, no more
+(``deploy_policy.py``); the preview role admits the repository's pull requests, read-only. Both carry the stack's
+permissions boundary, and neither can change itself, the boundary or the OIDC trust: the first ``pulumi up``, with an
+administrator's credentials, creates them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
 from spotray.infra.aws import iam
+from spotray.infra.aws.deploy_policy import deploy_policy
 from spotray.infra.kernel.config import GitOpsConfig
 from spotray.infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
 
-DEPLOY_POLICY = "AdministratorAccess"  # pulumi up creates IAM roles, a VPC and EKS: less cannot run it
 PREVIEW_POLICY = "ReadOnlyAccess"
 SESSION_SECONDS = 3600
 
@@ -43,7 +46,9 @@ class GitHubRolesArgs:
     gitops: GitOpsConfig
     environment: str
     role_prefix: str  # <project>-<stack>
+    stack: str
     tags: dict[str, str]
+    boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
 
 class GitHubRoles(pulumi.ComponentResource):
@@ -54,6 +59,7 @@ class GitHubRoles(pulumi.ComponentResource):
         super().__init__("spotray:infra:GitHubRoles", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         gitops = args.gitops
+        account = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
         provider: pulumi.Input[str] = gitops.oidc_provider_arn
         depends_on = []
         if not provider:
@@ -61,16 +67,18 @@ class GitHubRoles(pulumi.ComponentResource):
                                                     client_id_lists=[GITHUB_OIDC_AUDIENCE], tags=args.tags,
                                                     opts=child)
             # Built from the account, not the resource's arn: the trust policy is known (and checkable) at preview.
-            provider = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id.apply(
-                provider_arn)
+            provider = account.apply(provider_arn)
             depends_on = [created]
-        roles = {"deploy": (deploy_subject(gitops.repository, args.environment), DEPLOY_POLICY),
-                 "preview": (pull_request_subject(gitops.repository), PREVIEW_POLICY)}
-        arns = {
+        roles = {"deploy": (deploy_subject(gitops.repository, args.environment), []),
+                 "preview": (pull_request_subject(gitops.repository), [PREVIEW_POLICY])}
+        created_roles = {
             kind: iam.trusted_role(f"{name}-{kind}", iam.policy_document([trust_statement(provider, subject)]),
-                                   [policy], args.tags, pulumi.ResourceOptions(parent=self, depends_on=depends_on),
-                                   role_name=f"{args.role_prefix}-github-{kind}",
-                                   max_session_duration=SESSION_SECONDS).arn
-            for kind, (subject, policy) in roles.items()}
+                                   policies, args.tags, args.boundary,
+                                   pulumi.ResourceOptions(parent=self, depends_on=depends_on),
+                                   role_name=f"{args.role_prefix}-github-{kind}", max_session_duration=SESSION_SECONDS)
+            for kind, (subject, policies) in roles.items()}
+        aws.iam.RolePolicy(f"{name}-deploy", role=created_roles["deploy"].id, opts=child, policy=account.apply(
+            lambda a: json.dumps(deploy_policy(a, args.role_prefix, args.stack))))
+        arns = {kind: role.arn for kind, role in created_roles.items()}
         self.deploy_role_arn, self.preview_role_arn = arns["deploy"], arns["preview"]
         self.register_outputs({"deployRoleArn": self.deploy_role_arn, "previewRoleArn": self.preview_role_arn})

@@ -40,6 +40,7 @@ class KarpenterArgs:
     provider: k8s.Provider
     depends_on: list[pulumi.Resource]  # with the ServiceMonitor CRD where the stack installs it
     monitor_labels: dict[str, str]  # what the stack's Prometheus selects ServiceMonitors by
+    boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
 
 class Karpenter(pulumi.ComponentResource):
@@ -47,12 +48,13 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("spotray:infra:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags = args.tags
-        node_role = iam.role(f"{name}-node", "ec2.amazonaws.com", NODE_POLICIES, tags, child)
+        node_role = iam.role(f"{name}-node", "ec2.amazonaws.com", NODE_POLICIES, tags, args.boundary, child)
         aws.eks.AccessEntry(f"{name}-node", cluster_name=args.cluster_name, principal_arn=node_role.arn,
                             type="EC2_LINUX", tags=tags, opts=child)
         queue = self._interruption_queue(name, tags, child)
         iam.pod_role(f"{name}-controller", args.cluster_name, NAMESPACE, SERVICE_ACCOUNT,
-                     controller_policy(args.region, args.cluster_name, node_role.arn, queue.arn), tags, child)
+                     controller_policy(args.region, args.cluster_name, node_role.arn, queue.arn), tags,
+                     args.boundary, child)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
         values = chart_values(args.cluster_name, args.cluster_endpoint, queue.name, args.monitor_labels)
         after_cluster = pulumi.ResourceOptions.merge(k8s_opts, pulumi.ResourceOptions(depends_on=args.depends_on))

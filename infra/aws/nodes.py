@@ -24,6 +24,7 @@ class CoreNodesArgs:
     config: CorePoolConfig
     subnet_ids: list[pulumi.Input[str]]
     tags: dict[str, str]
+    boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
 
 class CoreNodes(pulumi.ComponentResource):
@@ -31,7 +32,7 @@ class CoreNodes(pulumi.ComponentResource):
         super().__init__("spotray:infra:CoreNodes", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         pool, tags = args.config, args.tags
-        role = iam.role(f"{name}-node", "ec2.amazonaws.com", NODE_POLICIES, tags, child)
+        role = iam.role(f"{name}-node", "ec2.amazonaws.com", NODE_POLICIES, tags, args.boundary, child)
         group = aws.eks.NodeGroup(
             f"{name}-group", cluster_name=args.cluster_name, node_group_name=CORE_POOL, node_role_arn=role.arn,
             subnet_ids=args.subnet_ids, capacity_type="ON_DEMAND", instance_types=list(pool.instance_types),
@@ -40,7 +41,7 @@ class CoreNodes(pulumi.ComponentResource):
             update_config={"max_unavailable": 1}, labels=CORE_SELECTOR, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]))
         ebs_role = iam.role(f"{name}-ebs-csi", iam.POD_IDENTITY_PRINCIPAL,
-                            ["service-role/AmazonEBSCSIDriverPolicy"], tags, child)
+                            ["service-role/AmazonEBSCSIDriverPolicy"], tags, args.boundary, child)
         previous = group
         for addon in ADDONS:
             pod_identity = ([{"role_arn": ebs_role.arn, "service_account": "ebs-csi-controller-sa"}]

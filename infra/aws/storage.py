@@ -21,6 +21,7 @@ class BucketArgs:
     cluster_name: pulumi.Input[str]
     tags: dict[str, str]
     protect: bool
+    boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
 
 class CheckpointBucket(pulumi.ComponentResource):
@@ -57,7 +58,7 @@ class CheckpointBucket(pulumi.ComponentResource):
              "Resource": [bucket.arn, pulumi.Output.concat(bucket.arn, "/*")],
              "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]), opts=child)
         role = iam.pod_role(f"{name}-training", args.cluster_name, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT,
-                            training_policy(bucket.arn, args.config.prefix), tags, child)
+                            training_policy(bucket.arn, args.config.prefix), tags, args.boundary, child)
         aws.eks.PodIdentityAssociation(f"{name}-training-head", cluster_name=args.cluster_name,
                                        namespace=TRAINING_NAMESPACE, service_account=HEAD_SERVICE_ACCOUNT,
                                        role_arn=role.arn, tags=tags, opts=child)

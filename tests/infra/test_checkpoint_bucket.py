@@ -5,12 +5,13 @@ from spotray.infra.kernel.config import StorageConfig
 from spotray.infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
+BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"
 
 
 def build(protect=False):
     config = StorageConfig(backend="s3", prefix="teams/ml", checkpoint_retention_days=21)
     return run_mocked(lambda: {"bucket": CheckpointBucket("st", BucketArgs("spotray-t", config, "spotray-t", TAGS,
-                                                                           protect)).bucket_name},
+                                                                           protect, BOUNDARY)).bucket_name},
                       "spotray", "t", "us-west-2")
 
 

@@ -7,6 +7,7 @@ from spotray.infra.kernel.config import KubernetesConfig
 from spotray.infra.plan import SECRET, run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
+BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"
 ADMIN = "arn:aws:iam::123456789012:role/platform-admin"
 
 
@@ -14,7 +15,8 @@ def build(protect=False, **k8s):
     config = KubernetesConfig(**{"public_access_cidrs": ("203.0.113.0/24",), "admin_principals": (ADMIN,), **k8s})
 
     def program():
-        cluster = Cluster("c", ClusterArgs("spotray-t", config, "us-west-2", ["subnet-a", "subnet-b"], TAGS, protect))
+        cluster = Cluster("c", ClusterArgs("spotray-t", config, "us-west-2", ["subnet-a", "subnet-b"], TAGS, protect,
+                                           BOUNDARY))
         return {"kubeconfig": cluster.kubeconfig, "derived": cluster.kubeconfig.apply(len),
                 "revealed": pulumi.Output.unsecret(cluster.kubeconfig)}
 

@@ -13,6 +13,7 @@ from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_r
 NODEPOOL_CRD = "karpenter-v1.14.1_karpenter.sh_nodepools.yaml"
 NODECLASS_CRD = "karpenter-v1.14.1_karpenter.k8s.aws_ec2nodeclasses.yaml"
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
+BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"
 SPOT = GpuPoolConfig("a10g", ("g5", "g6"), sizes=("xlarge", "2xlarge"), gpu_limit=8, labels={"team/x": "y"})
 FALLBACK = GpuPoolConfig("h100", ("p5",), gpu_limit=16, on_demand_fallback=True)
 
@@ -75,7 +76,8 @@ def planned():
     def program():
         provider = k8s.Provider("k", kubeconfig="{}")
         karpenter = Karpenter("kp", KarpenterArgs("spotray-t", "https://api", "us-west-2", (SPOT, FALLBACK), TAGS,
-                                                  provider, depends_on=[], monitor_labels={"prometheus": "main"}))
+                                                  provider, depends_on=[], monitor_labels={"prometheus": "main"},
+                                                  boundary=BOUNDARY))
         return {"pools": karpenter.node_pools, "queue": karpenter.queue_name}
 
     return run_mocked(program, "spotray", "t", "us-west-2")

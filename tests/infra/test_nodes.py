@@ -3,12 +3,13 @@ from spotray.infra.kernel.config import CorePoolConfig
 from spotray.infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
+BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"
 
 
 def build():
     pool = CorePoolConfig(instance_types=("m7i.xlarge",), min_size=2, desired_size=3, max_size=5, disk_gib=80)
     return run_mocked(lambda: {"group": CoreNodes("core", CoreNodesArgs("spotray-t", pool, ["s-a", "s-b"],
-                                                                        TAGS)).node_group.node_group_name},
+                                                                        TAGS, BOUNDARY)).node_group.node_group_name},
                       "spotray", "t", "us-west-2")
 
 

@@ -41,7 +41,8 @@ def test_components_use_spotray_type_tokens_and_own_their_resources(stack_plans)
     components = {r.name for r in plan.resources if not r.custom}
     ours = {r.type for r in plan.resources if not r.custom} - {"kubernetes:yaml/v2:ConfigFile"}
     assert ours == {f"spotray:infra:{n}" for n in (
-        "Network", "Cluster", "CoreNodes", "Karpenter", "ImageRepository", "CheckpointBucket", "GitHubRoles")} | {
+        "PermissionsBoundary", "Network", "Cluster", "CoreNodes", "Karpenter", "ImageRepository", "CheckpointBucket",
+        "GitHubRoles")} | {
         "spotray:cluster:KubeRayOperator", "spotray:cluster:SystemNamespace", "spotray:cluster:GpuPlumbing",
         "spotray:cluster:TrainingNamespace",
         "spotray:monitoring:MonitoringStack", "spotray:monitoring:MonitoringObjects"}

@@ -1,0 +1,116 @@
+"""The deploy role's policy and the permissions boundary, under Pulumi mocks for every AWS stack: every resource type
+a plan creates has its actions, every role carries the boundary, the deploy role holds no managed policy, and
+cloudsplaining (checkov's, in ``.venv-checkov``, offline) finds no privilege escalation in any role's inline
+policy, while it does find one once the boundary condition is gone."""
+
+import copy
+import fnmatch
+import json
+import subprocess
+
+import pytest
+
+from spotray.infra.aws.deploy_policy import (
+    DEPLOY_ACTIONS,
+    boundary_arn,
+    boundary_policy,
+    deploy_policy,
+    pipeline_role_arns,
+)
+from tests.repo import REPO
+
+AWS_STACKS = ("dev", "staging", "prod")
+ACCOUNT = "123456789012"  # the mocks' caller identity
+ANALYSER = REPO / ".venv-checkov" / "bin" / "python"
+_ESCALATIONS = """
+import json, sys
+from cloudsplaining.scan.policy_document import PolicyDocument
+print(json.dumps([PolicyDocument(p).allows_privilege_escalation for p in json.load(sys.stdin)]))
+"""
+
+
+def escalations(policies: list[dict]) -> list[list[dict]]:
+    """cloudsplaining's privilege-escalation findings in the Allow statements of each policy. It reads a Deny on
+    some resources as a Deny on all, which would hide a path: leaving the Denies out is the stricter reading."""
+    if not ANALYSER.exists():
+        pytest.fail(f"{ANALYSER} is missing: `make test` installs checkov, which brings cloudsplaining")
+    allows = [{**p, "Statement": [s for s in p["Statement"] if s["Effect"] == "Allow"]} for p in policies]
+    proc = subprocess.run([str(ANALYSER), "-c", _ESCALATIONS], input=json.dumps(allows), capture_output=True,
+                          text=True, timeout=120, check=True)
+    return json.loads(proc.stdout)
+
+
+def inline_policies(plan) -> dict[str, dict]:
+    """Every role's inline policy a stack writes (the boundary grants nothing by itself: it only caps)."""
+    return {r.name: json.loads(r.inputs["policy"]) for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")}
+
+
+def denied(policy: dict, action: str, resource: str) -> bool:
+    """Whether an unconditional Deny of ``policy`` matches ``action`` on ``resource``."""
+    for statement in policy["Statement"]:
+        actions, resources = statement["Action"], statement["Resource"]
+        actions, resources = [actions] if isinstance(actions, str) else actions, (
+            [resources] if isinstance(resources, str) else resources)
+        if (statement["Effect"] == "Deny" and "Condition" not in statement
+                and any(fnmatch.fnmatchcase(action, a) for a in actions)
+                and any(fnmatch.fnmatchcase(resource, r) for r in resources)):
+            return True
+    return False
+
+
+def test_every_aws_resource_type_of_every_stack_has_its_deploy_actions(stack_plans):
+    created = {r.type for stack in AWS_STACKS for r in stack_plans[stack][1].resources if r.type.startswith("aws:")}
+    missing = sorted(created - set(DEPLOY_ACTIONS))
+    assert missing == [], f"add the actions of {missing} to DEPLOY_ACTIONS (infra/aws/deploy_policy.py)"
+    assert set(DEPLOY_ACTIONS) <= created, "an entry for a type no stack creates"
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_every_role_carries_the_boundary_and_the_deploy_role_only_its_own_policy(stack_plans, stack):
+    cfg, plan = stack_plans[stack]
+    (boundary,) = plan.of_type("aws:iam/policy:Policy")
+    assert boundary.inputs["name"] == f"{cfg.cluster_name}-boundary"
+    assert json.loads(boundary.inputs["policy"]) == boundary_policy(ACCOUNT, cfg.cluster_name)
+    mocked_arn = f"arn:aws:mock:{cfg.region}:{ACCOUNT}:{boundary.name}"
+    roles = plan.of_type("aws:iam/role:Role")
+    assert len(roles) >= 6 and all(r.inputs["permissionsBoundary"] == mocked_arn for r in roles)
+    deploy = f"{cfg.cluster_name}-github-deploy"
+    attached = [a for a in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if a.inputs["role"] == deploy]
+    assert attached == [], "the deploy role holds a managed policy (AdministratorAccess?)"
+    (inline,) = [p for p in plan.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-deploy")]
+    assert json.loads(inline.inputs["policy"]) == deploy_policy(ACCOUNT, cfg.cluster_name, cfg.stack)
+    assert len(inline.inputs["policy"]) <= 10_240  # IAM's limit for a role's inline policies
+
+
+def test_roles_are_created_and_changed_only_with_the_boundary_and_the_guards_hold():
+    policy, prefix = deploy_policy(ACCOUNT, "spotray-prod", "prod"), "spotray-prod"
+    (create,) = [s for s in policy["Statement"] if s["Sid"] == "RolesOnlyWithTheBoundary"]
+    assert "iam:CreateRole" in create["Action"]
+    assert create["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": boundary_arn(ACCOUNT, prefix)}}
+    boundary = boundary_policy(ACCOUNT, prefix)
+    for document in (policy, boundary):
+        assert denied(document, "iam:DeleteRolePermissionsBoundary", f"arn:aws:iam::{ACCOUNT}:role/any")
+        assert denied(document, "iam:CreatePolicyVersion", boundary_arn(ACCOUNT, prefix))
+        assert all(denied(document, "iam:UpdateAssumeRolePolicy", arn) for arn in pipeline_role_arns(ACCOUNT, prefix))
+        assert denied(document, "iam:UpdateOpenIDConnectProviderThumbprint", "arn:aws:iam::1:oidc-provider/x")
+    assert denied(boundary, "iam:CreateAccessKey", "*") and not denied(boundary, "iam:PassRole", "*")
+    assert not denied(boundary, "iam:CreateInstanceProfile", "*")  # Karpenter's
+
+
+def test_cloudsplaining_finds_no_escalation_in_any_policy_a_stack_writes(stack_plans):
+    policies = {f"{stack}/{name}": document for stack in AWS_STACKS
+                for name, document in inline_policies(stack_plans[stack][1]).items()}
+    names = {name.rsplit("/", 1)[1] for name in policies}
+    assert names >= {"github-deploy", "karpenter-controller", "storage-training"}
+    found = dict(zip(policies, escalations(list(policies.values())), strict=True))
+    assert {name: paths for name, paths in found.items() if paths} == {}
+
+
+def test_a_role_write_without_the_boundary_condition_is_caught():
+    policy = copy.deepcopy(deploy_policy(ACCOUNT, "spotray-prod", "prod"))
+    (statement,) = [s for s in policy["Statement"] if s["Sid"] == "RolesOnlyWithTheBoundary"]
+    del statement["Condition"]
+    statement.update(Resource="*", Action=[*statement["Action"], "sts:AssumeRole"])  # cloudsplaining's paths need both
+    (paths,) = escalations([policy])
+    assert {path["type"] for path in paths} >= {"PutRolePolicy", "AttachRolePolicy"}
