@@ -28,9 +28,12 @@ TRAINING_POLICY = "spotray-training"
 
 
 def kuberay_operator_values(monitor_labels: Mapping[str, str]) -> dict:
-    """The operator on the core pool; a ServiceMonitor with the labels Prometheus selects monitors by."""
-    return {"nodeSelector": CORE_SELECTOR, "metrics": {"enabled": True, "serviceMonitor": {
-        "enabled": True, "additionalLabels": dict(monitor_labels)}}}
+    """The operator on the core pool, its pod under the restricted profile as its container already is (the chart
+    leaves the pod's context empty); a ServiceMonitor with the labels Prometheus selects monitors by."""
+    return {"nodeSelector": CORE_SELECTOR,
+            "podSecurityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "metrics": {"enabled": True, "serviceMonitor": {"enabled": True,
+                                                            "additionalLabels": dict(monitor_labels)}}}
 
 
 def device_plugin_values() -> dict:

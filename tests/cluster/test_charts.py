@@ -89,3 +89,11 @@ def test_minio_serves_tls_with_its_generated_certificate_which_prometheus_verifi
     tls = LEGACY["metrics"]["serviceMonitor"]["tlsConfig"]
     assert tls == {"ca": {"secret": {"name": "minio-crt", "key": "ca.crt"}},
                    "serverName": "minio.spotray.svc.cluster.local"}
+
+
+def test_the_kuberay_operator_pod_and_container_meet_the_restricted_profile():
+    values = {**chart_defaults("kuberay-operator-1.7.0.values.yaml"), **kuberay_operator_values(MONITOR_LABELS)}
+    assert values["podSecurityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = values["securityContext"]  # the chart's default, kept
+    assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == {"drop": ["ALL"]}
+    assert container["runAsNonRoot"] and container["seccompProfile"] == {"type": "RuntimeDefault"}
