@@ -231,7 +231,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
-                                     "goodput", "tracking"])
+                                     "goodput", "tracking", "soak"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default=None,
                    help="checkpoint, recovery benches: any of local,s3 (default: both; recovery --script: s3)")
@@ -251,6 +251,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault", choices=["kill", "notice"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
                         "or notice (spotray's recovery from a notice against from a kill, timed from the fault)")
+    p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
+    p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
     p.add_argument("--script", action="store_true",
                    help="recovery bench: a Hugging Face Trainer script (spotray train --script) against the same "
                         "script with Ray's RayTrainReportCallback, on S3 (--storage s3, --fault kill)")

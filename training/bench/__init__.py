@@ -43,6 +43,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from spotray.bench.export import run
 
         return run(preset=args.preset)
+    if which == "soak":
+        from spotray.bench.soak import run
+
+        return run(minutes=args.minutes, seed=args.seed)
     if which == "tracking":
         from spotray.bench.tracking import run
 

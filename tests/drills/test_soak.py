@@ -1,0 +1,42 @@
+"""``spotray bench soak``: its seeded schedule, and (slow) the soak itself on a real multi-node local Ray cluster."""
+
+import pytest
+
+from spotray.bench.soak import HELD_AT_MOST, KINDS, LOST_AT_MOST, schedule, soak_checks
+
+
+def test_the_schedule_has_every_kind_at_least_once_and_is_the_same_for_a_seed():
+    for seed in range(20):
+        kinds = schedule(seed, 10)
+        assert len(kinds) == 10 and set(kinds) == set(KINDS)
+        assert kinds == schedule(seed, 10)
+    assert len({tuple(schedule(seed, 12)) for seed in range(20)}) > 1
+
+
+def test_each_check_fails_on_what_it_guards():
+    run = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True}}
+    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
+    faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0}]
+    good = soak_checks(run, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100)
+    assert all(good.values())
+    assert not soak_checks(run, {"param_sha256": "b"}, events, faults, [], 4, 100)["bitwise_equal_to_uninterrupted"]
+    over = [{**events[0], "lost_steps": LOST_AT_MOST["kill"] + 1}]
+    assert not soak_checks(run, {"param_sha256": "a"}, over, faults, [], 4, 100)["lost_steps_within_bounds"]
+    grown = [(1, 100.0, 20), (1, 400.0, 20)]
+    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, grown, 4, 100)["driver_memory_and_files_bounded"]
+    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100)[
+        "storage_within_retention"]
+    assert not soak_checks(run, {"param_sha256": "a"}, [], faults, [], 4, 100)["status_agrees"]
+    corrupt = [{"kind": "corrupt", "injected_s": 0.1, "corrupted_step": 90}]
+    resumed = [{**events[0], "resumed_from": 90}]
+    checks = soak_checks(run, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100)
+    assert not checks["corrupted_checkpoint_never_resumed"]
+
+
+@pytest.mark.slow
+def test_a_run_survives_a_seeded_schedule_of_every_fault_bitwise_and_exactly_once():
+    from spotray.bench.soak import run
+
+    result = run(minutes=1, seed=1)  # 10 faults and the least training between them: about 14 minutes
+    assert result["passed"], {k: v for k, v in result.items() if k != "machine"}
+    assert sum(result["survived_by_kind"].values()) >= 10 and all(result["survived_by_kind"].values())

@@ -1,0 +1,265 @@
+"""``spotray bench soak``: one training run on a real multi-node local Ray cluster through a seeded schedule of faults,
+each kind at least once (``--minutes`` covers them and the training between them): a spot notice, a node killed
+without one, two nodes lost at once, the driver killed (the same command run again resumes), the head killed (the
+same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and the newest checkpoint
+corrupted before a kill.
+
+Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
+``(n + 1) * gap`` steps. Checked and reported: the run finishes; its final parameters are bitwise those of the same
+run uninterrupted; every sample trained exactly once; each interruption lost at most its kind's bound of steps; the
+driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
+``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness caused, and no corrupted checkpoint
+is resumed from."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from spotray import status as run_status
+from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.drills.cluster import LocalCluster
+from spotray.drills.outage import OutageProxy
+from spotray.drills.s3local import create_bucket, moto_server
+from spotray.errors import SpotrayError, StorageError
+from spotray.storage import StorageOptions, resolve
+
+KINDS = ("notice", "kill", "two_nodes", "driver", "head", "outage", "corrupt")
+EVERY, KEEP_LAST = 10, 3  # checkpoint interval (steps) and retention
+# The most steps a fault may cost: a notice checkpoints where it lands; a kill goes back to the last periodic
+# checkpoint; a corrupted newest one to the one before it; an outage restarts nothing.
+LOST_AT_MOST = {"notice": 0, "kill": EVERY, "two_nodes": EVERY, "driver": EVERY, "head": EVERY,
+                "corrupt": 2 * EVERY, "outage": 0}
+RESTARTS = {kind for kind in KINDS if kind != "outage"}
+OUTAGE_S = 5
+STEPS_PER_MINUTE = 2400  # of the tiny model on 2 workers on cpu-2c, saving every EVERY steps
+FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
+STRAIGHT_MINUTES = 1.5  # the uninterrupted run, at the end
+# Checkpoint folders in storage at any moment: keep_last, one committed while the background retention has not yet
+# deleted the oldest, one being written, and one a save failed in an outage left until the next commit removes it.
+HELD_AT_MOST = KEEP_LAST + 3
+DRIVER_RSS_GROWTH_MB, DRIVER_FD_GROWTH = 200, 64
+RUN = "soak"
+
+
+def schedule(seed: int, faults: int) -> list[str]:
+    """Every kind once, the rest drawn with ``seed``; in an order drawn with ``seed``."""
+    rng = random.Random(seed)
+    kinds = [*KINDS, *rng.choices(KINDS, k=max(0, faults - len(KINDS)))]
+    rng.shuffle(kinds)
+    return kinds
+
+
+@dataclass
+class _Driver:
+    """``spotray train`` of the soak's run, started again after a fault that ends it."""
+
+    cluster: LocalCluster
+    args: list[str]
+    workdir: Path
+    proc: subprocess.Popen | None = None
+    samples: list[tuple[int, float, int]] = field(default_factory=list)  # (pid, RSS MB, open files)
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "spotray.cli", "train", "--summary-json", str(self.workdir / "summary.json"),
+               "--audit-dir", str(self.workdir / "audit")]
+        for arg in self.args:
+            cmd += ["--set", arg]
+        with open(self.workdir / "driver.log", "a") as log:
+            self.proc = subprocess.Popen(cmd, env={**self.cluster.node_env(), "RAY_ADDRESS": self.cluster.address},
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def sample(self) -> None:
+        try:
+            process = psutil.Process(self.proc.pid)
+            self.samples.append((self.proc.pid, process.memory_info().rss / 1e6, process.num_fds()))
+        except psutil.Error:
+            pass
+
+    def log_tail(self) -> str:
+        return (self.workdir / "driver.log").read_text()[-3000:]
+
+
+def run(minutes: float = 20, seed: int = 0, faults: int = 10) -> dict:
+    if minutes <= 0 or faults < len(KINDS):
+        raise SpotrayError(f"bench soak: --minutes must be positive and --faults at least {len(KINDS)}")
+    kinds, started = schedule(seed, faults), time.time()
+    training_minutes = max(1.0, minutes - FAULT_MINUTES * len(kinds) - STRAIGHT_MINUTES)
+    gap = max(2 * EVERY, round(training_minutes * STEPS_PER_MINUTE / (len(kinds) + 1) / EVERY) * EVERY)
+    max_steps = (len(kinds) + 1) * gap
+    workdir = Path(new_workdir())
+    data_url = bench_corpus(str(workdir))
+    with moto_server() as s3, OutageProxy(s3) as proxy:
+        ckpt = f"{create_bucket(s3)}/ckpt"
+        root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
+        base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",
+                f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
+                f"checkpoint.keep_last={KEEP_LAST}", "scaling.num_workers=2",
+                "fault_tolerance.preemption_check_every_steps=2", f"storage.endpoint_url={proxy.endpoint}"]
+        faults_done, most_held, cluster_logs = [], 0, workdir / "ray"
+        cluster = LocalCluster(cluster_logs / "0", drain_timeout_s=20).start(workers=2)
+        driver = _Driver(cluster, [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
+        try:
+            driver.start()
+            landing = random.Random(seed)
+            for i, kind in enumerate(kinds):
+                most_held = max(most_held, _wait_for_step(root, (i + 1) * gap, driver))
+                time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
+                driver.sample()
+                faults_done.append(_inject(kind, driver, root, proxy, cluster_logs / str(i + 1)))
+                cluster = driver.cluster
+            summary = _finish(driver)
+            most_held = max(most_held, _held(root))
+            straight = _straight_run(driver.cluster, base, ckpt, workdir)
+        finally:
+            driver.cluster.stop()
+        status = run_status.gather(root.url, StorageOptions(endpoint_url=s3))
+    report = _report(kinds, faults_done, summary, straight, status, driver.samples, most_held, max_steps, seed, minutes)
+    return {**report, "wall_s": round(time.time() - started)}
+
+
+def _wait_for_step(root, step: int, driver: _Driver, timeout_s: float = 900) -> int:
+    """Until a checkpoint of ``step`` or later is committed; returns the most checkpoint folders seen meanwhile."""
+    deadline, most = time.time() + timeout_s, 0
+    while time.time() < deadline:
+        if driver.proc.poll() is not None:
+            raise SpotrayError(f"bench soak: the driver ended before step {step}:\n{driver.log_tail()}")
+        most = max(most, _held(root))
+        if any(c.step >= step for c in _committed(root)):
+            return most
+        time.sleep(0.5)
+    raise SpotrayError(f"bench soak: no checkpoint of step {step} within {timeout_s} s:\n{driver.log_tail()}")
+
+
+def _committed(root, tries: int = 5) -> list:
+    """The committed checkpoints, newest first, read again where retention deleted one between listing and reading."""
+    for attempt in range(tries):
+        try:
+            return list_committed(checkpoints_root(root), warn=False)
+        except StorageError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.2)
+    return []
+
+
+def _held(root) -> int:
+    """Checkpoint folders in storage, committed or being written (those set aside by a resume not counted)."""
+    return len([name for name in checkpoints_root(root).list_dir_names() if name.startswith("step_")])
+
+
+def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, next_logs: Path) -> dict:
+    cluster, started = driver.cluster, time.time()
+    workers = [node for node in cluster.nodes[1:] if node.alive]
+    if kind == "notice":
+        cluster.preempt_with_notice(workers[-1])
+        cluster.add_node()
+    elif kind in ("kill", "corrupt"):
+        corrupted = _corrupt_newest(root) if kind == "corrupt" else None
+        cluster.kill(workers[-1])
+        cluster.add_node()
+        if corrupted is not None:
+            return {"kind": kind, "injected_s": round(time.time() - started, 1), "corrupted_step": corrupted}
+    elif kind == "two_nodes":
+        for node in workers:
+            cluster.kill(node)
+        cluster.add_node()
+        cluster.add_node()
+    elif kind == "driver":
+        driver.proc.kill()
+        driver.proc.wait(timeout=60)
+        driver.start()
+    elif kind == "head":
+        cluster.kill(cluster.nodes[0])
+        driver.proc.wait(timeout=300)
+        cluster.stop()
+        driver.cluster = LocalCluster(next_logs, drain_timeout_s=20).start(workers=2)
+        driver.start()
+    else:  # outage
+        proxy.cut()
+        time.sleep(OUTAGE_S)
+        proxy.restore()
+    return {"kind": kind, "injected_s": round(time.time() - started, 1)}
+
+
+def _corrupt_newest(root) -> int:
+    """One flipped byte in the first shard of the newest committed checkpoint (its size stays, its CRC32 does not);
+    returns its step."""
+    newest = _committed(root)[0]
+    shard = next(name for name in newest.location.list_names() if name.endswith(".distcp"))
+    data = bytearray(newest.location.child(shard).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.location.child(shard).write_bytes(bytes(data))
+    return newest.step
+
+
+def _finish(driver: _Driver, timeout_s: float = 1200) -> dict:
+    try:
+        driver.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        driver.proc.kill()
+    if driver.proc.returncode != 0:
+        raise SpotrayError(f"bench soak: the run did not finish (exit {driver.proc.returncode}):\n{driver.log_tail()}")
+    return json.loads((driver.workdir / "summary.json").read_text())
+
+
+def _straight_run(cluster: LocalCluster, base: list[str], ckpt: str, workdir: Path) -> dict:
+    """The same run with no fault, on the same cluster, for the final parameters."""
+    out = workdir / "straight"
+    out.mkdir()
+    straight = _Driver(cluster, [*base, f"checkpoint.path={ckpt}-straight", f"run.name={RUN}"], out)
+    straight.start()
+    return _finish(straight)
+
+
+def _report(kinds, faults_done, summary, straight, status, samples, most_held, max_steps, seed, minutes) -> dict:
+    events = status["interruptions"]
+    restarts = [fault for fault in faults_done if fault["kind"] in RESTARTS]
+    per_fault = [{**fault, "lost_steps": event["lost_steps"], "lost_steps_at_most": event["lost_steps_at_most"],
+                  "recovery_s": event["recovery_s"], "bound": LOST_AT_MOST[fault["kind"]]}
+                 for fault, event in zip(restarts, events, strict=False)]
+    checks = soak_checks(summary, straight, events, faults_done, samples, most_held, max_steps)
+    return {"machine": machine(), "minutes": minutes, "seed": seed, "max_steps": max_steps, "every": EVERY,
+            "keep_last": KEEP_LAST, "schedule": kinds, "checks": checks, "passed": all(checks.values()),
+            "faults": per_fault + [f for f in faults_done if f["kind"] not in RESTARTS],
+            "survived_by_kind": {kind: kinds.count(kind) for kind in KINDS},
+            "lost_steps": status["lost_steps"], "goodput": status["goodput"], "most_checkpoint_folders": most_held,
+            "driver_samples": samples}
+
+
+def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[dict],
+                samples: list[tuple[int, float, int]], most_held: int, max_steps: int) -> dict[str, bool]:
+    """Each of the soak's checks; ``events`` are ``spotray status``'s interruptions, ``faults`` the harness's."""
+    restarts = [fault["kind"] for fault in faults if fault["kind"] in RESTARTS]
+    return {
+        "finished": summary["final_step"] == max_steps,
+        "bitwise_equal_to_uninterrupted": summary["param_sha256"] == straight["param_sha256"],
+        "exactly_once": bool(summary["audit"]["exactly_once"]),
+        "lost_steps_within_bounds": all(event["lost_steps"] <= LOST_AT_MOST[kind]
+                                        for kind, event in zip(restarts, events, strict=False)),
+        "corrupted_checkpoint_never_resumed": all(
+            event["resumed_from"] < fault["corrupted_step"]
+            for fault, event in zip([f for f in faults if f["kind"] in RESTARTS], events, strict=False)
+            if "corrupted_step" in fault),
+        "driver_memory_and_files_bounded": _driver_bounded(samples),
+        "storage_within_retention": most_held <= HELD_AT_MOST,
+        "status_agrees": len(events) == len(restarts)
+        and sum(e["kind"] == "notice" for e in events) == restarts.count("notice"),
+    }
+
+
+def _driver_bounded(samples: list[tuple[int, float, int]]) -> bool:
+    """Within one driver process's life, memory and open files grow by at most the stated bounds."""
+    by_pid: dict[int, list[tuple[float, int]]] = {}
+    for pid, rss, fds in samples:
+        by_pid.setdefault(pid, []).append((rss, fds))
+    return all(seen[-1][0] - seen[0][0] <= DRIVER_RSS_GROWTH_MB and seen[-1][1] - seen[0][1] <= DRIVER_FD_GROWTH
+               for seen in by_pid.values())
