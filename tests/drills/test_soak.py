@@ -37,6 +37,6 @@ def test_each_check_fails_on_what_it_guards():
 def test_a_run_survives_a_seeded_schedule_of_every_fault_bitwise_and_exactly_once():
     from spotray.bench.soak import run
 
-    result = run(minutes=1, seed=1)  # 10 faults and the least training between them: about 14 minutes
+    result = run(minutes=1, seed=1)  # 10 faults and the least training between them: about 12 minutes
     assert result["passed"], {k: v for k, v in result.items() if k != "machine"}
     assert sum(result["survived_by_kind"].values()) >= 10 and all(result["survived_by_kind"].values())

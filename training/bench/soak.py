@@ -40,9 +40,8 @@ LOST_AT_MOST = {"notice": 0, "kill": EVERY, "two_nodes": EVERY, "driver": EVERY,
                 "corrupt": 2 * EVERY, "outage": 0}
 RESTARTS = {kind for kind in KINDS if kind != "outage"}
 OUTAGE_S = 5
-STEPS_PER_MINUTE = 2400  # of the tiny model on 2 workers on cpu-2c, saving every EVERY steps
+STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3 every EVERY steps
 FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
-STRAIGHT_MINUTES = 1.5  # the uninterrupted run, at the end
 # Checkpoint folders in storage at any moment: keep_last, one committed while the background retention has not yet
 # deleted the oldest, one being written, and one a save failed in an outage left until the next commit removes it.
 HELD_AT_MOST = KEEP_LAST + 3
@@ -92,7 +91,7 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10) -> dict:
     if minutes <= 0 or faults < len(KINDS):
         raise SpotrayError(f"bench soak: --minutes must be positive and --faults at least {len(KINDS)}")
     kinds, started = schedule(seed, faults), time.time()
-    training_minutes = max(1.0, minutes - FAULT_MINUTES * len(kinds) - STRAIGHT_MINUTES)
+    training_minutes = max(0.5, (minutes - FAULT_MINUTES * len(kinds)) / 2)  # the soak's run, then the straight one
     gap = max(2 * EVERY, round(training_minutes * STEPS_PER_MINUTE / (len(kinds) + 1) / EVERY) * EVERY)
     max_steps = (len(kinds) + 1) * gap
     workdir = Path(new_workdir())
