@@ -29,6 +29,7 @@ import warnings
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -334,6 +335,8 @@ class Checkpointer:
         self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
         self._pending: tuple[int, Future] | None = None
         self._retention = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-retention")
+        self._retained: Future | None = None  # the last commit's retention
+        self._failed_folders: list[Location] = []  # what failed saves left, removed before the next save writes
         self._stager = _persistent_stager() if async_save else None
         self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
         self.last_committed: CommittedCheckpoint | None = None
@@ -361,6 +364,7 @@ class Checkpointer:
         ``blocking``): returns it once committed, or None if it failed. Async: returns the previous save (waited for,
         so at most one is in flight) and lets this one finish in the background."""
         previous = self.wait()
+        self._tidy_before_writing()
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
@@ -424,6 +428,8 @@ class Checkpointer:
         return self.last_committed
 
     def _failed(self, step: int, exc: BaseException) -> None:
+        if self.rank == 0:  # the coordinator, which alone commits and deletes
+            self._failed_folders.append(self.root.child(_step_dir_name(step)))
         budget = self.failures
         now = time.time()
         budget.failed(step, now)
@@ -440,9 +446,27 @@ class Checkpointer:
                         reason, budget.retry_at, budget.in_a_row, failing_for, budget.budget_s)
 
     def schedule_retention(self, committed_step: int) -> None:
-        """Deleting old checkpoints never holds up training: it runs after the commit, in the background."""
+        """Deleting old checkpoints runs after the commit, in the background; the next save waits for it (it has
+        had a whole checkpoint interval), so storage never holds more than ``keep_last`` plus the one being written."""
         self._written.add(committed_step)
-        self._retention.submit(self._apply_retention, max(self._written))
+        self._retained = self._retention.submit(self._apply_retention, max(self._written))
+
+    def _tidy_before_writing(self) -> None:
+        """The last commit's retention done (at an attempt's first save: what a killed attempt left is retained
+        now), and the folders of failed saves gone where storage lets them go."""
+        if self._retained is not None:
+            wait_for([self._retained])  # its errors were retention's own: the next commit's retention tries again
+        elif self.rank == 0:
+            try:
+                self._apply_retention(self.resumed_from or 0)
+            except StorageError as exc:
+                log.info("retention before the first save: %s", exc)  # the first commit's retention tries again
+        for folder in list(self._failed_folders):
+            try:
+                folder.delete_tree()
+                self._failed_folders.remove(folder)
+            except StorageError:
+                break  # storage is still out: the next save tries again
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention to finish."""

@@ -6,10 +6,12 @@ import json
 import logging
 import re
 import shutil
+import time
 
 import pytest
 import torch
 
+from spotray import checkpoint
 from spotray.checkpoint import (
     COMMIT_MARKER,
     Checkpointer,
@@ -189,6 +191,33 @@ def test_retention_keeps_last_n_committed_and_drops_older_partials(run_root, asy
     save_steps(run_root, [20, 30, 40], keep_last=2, async_save=async_save)
     assert [c.step for c in list_committed(ckpts)] == [40, 30]
     assert ckpts.list_names() == ["step_000000030", "step_000000040"]
+
+
+def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retention_is(tmp_path, monkeypatch):
+    """The next save waits for the last commit's retention, and removes what a failed save left."""
+    run_root = resolve(str(tmp_path / "run"))
+    apply_retention, save = checkpoint.Checkpointer._apply_retention, checkpoint.dcp.save
+    held = []
+
+    def slow_retention(self, newest):
+        time.sleep(0.3)
+        apply_retention(self, newest)
+
+    def counting_save(state, storage_writer, **kwargs):
+        held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
+        if storage_writer.location.url.endswith("step_000000035"):  # a save that fails halfway, leaving its folder
+            storage_writer.location.child("__0_0.distcp").write_bytes(b"partial")
+            raise OSError("storage went away")
+        return save(state, storage_writer=storage_writer, **kwargs)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", slow_retention)
+    monkeypatch.setattr(checkpoint.dcp, "save", counting_save)
+    ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
+    for step in (10, 20, 30, 35, 40, 50):
+        ckpt.save(step, {"box": Box(float(step))})
+    ckpt.close()
+    assert max(len(folders) for folders in held) == 2, held
+    assert "step_000000035" not in held[-1]
 
 
 @pytest.fixture

@@ -42,9 +42,7 @@ RESTARTS = {kind for kind in KINDS if kind != "outage"}
 OUTAGE_S = 5
 STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3 every EVERY steps
 FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
-# Checkpoint folders in storage at any moment: keep_last, one committed while the background retention has not yet
-# deleted the oldest, one being written, and one a save failed in an outage left until the next commit removes it.
-HELD_AT_MOST = KEEP_LAST + 3
+HELD_AT_MOST = KEEP_LAST + 1  # checkpoint folders in storage at any moment: keep_last and the one being written
 DRIVER_RSS_GROWTH_MB, DRIVER_FD_GROWTH = 200, 64
 RUN = "soak"
 
