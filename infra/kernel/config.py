@@ -21,7 +21,7 @@ import yaml
 
 from spotray.errors import ConfigError, SpotrayError, key_text
 from spotray.infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
-from spotray.infra.kernel.settings import NAMESPACE, Section, key_of, mapping, read, setting
+from spotray.infra.kernel.settings import NAMESPACE, STACK_TAG, Section, key_of, mapping, read, setting
 from spotray.infra.kernel.versions import MINIO_IMAGES, Image
 
 ENVIRONMENTS = ("dev", "staging", "prod")
@@ -470,7 +470,7 @@ class StackConfig(Section):
 
     def resource_tags(self) -> dict[str, str]:
         """Tags every AWS resource carries (the policy pack checks project and stack)."""
-        return {**self.tags, f"{NAMESPACE}:project": self.project, f"{NAMESPACE}:stack": self.stack,
+        return {**self.tags, f"{NAMESPACE}:project": self.project, STACK_TAG: self.stack,
                 f"{NAMESPACE}:environment": self.environment}
 
     @property

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from spotray.errors import ConfigError, key_text
 
 NAMESPACE = "spotray"  # every setting sits under ``spotray:`` in Pulumi.<stack>.yaml
+STACK_TAG = f"{NAMESPACE}:stack"  # on every AWS resource of a stack: its name
 
 
 def setting(key: str, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING,
