@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACKS := $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml))
 RENDERED := cluster/rendered
 
-.PHONY: demo test gpu-test lint workflows prometheus clean install plan-diff image render render-check pulumi-env \
+.PHONY: demo test quick gpu-test lint workflows prometheus clean install plan-diff image render render-check pulumi-env \
 	publish-render scan
 
 $(STAMP): pyproject.toml
@@ -43,8 +43,13 @@ prometheus:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
+# Every test and drill (those that need a GPU skip themselves without one).
 test: lint prometheus $(CHECKOV)
 	$(BIN)/python -m pytest
+
+# Before a commit: every test that needs no multi-node Ray cluster and runs no bench command.
+quick: lint prometheus $(CHECKOV)
+	$(BIN)/python -m pytest -m "not cluster"
 
 # checkov in a virtualenv of its own (its pins are not the project's), run offline by tests/cluster/test_scan.py.
 $(CHECKOV): | $(STAMP)

@@ -1,7 +1,12 @@
-"""Shared fixtures: a real S3 endpoint on loopback (moto server), buckets, and a generated, prepared corpus."""
+"""Shared fixtures: a real S3 endpoint on loopback (moto server), buckets, and a generated, prepared corpus; and
+the session's last check, that no service a test started is left running."""
 
 from __future__ import annotations
 
+import os
+import time
+
+import psutil
 import pytest
 
 from spotray.data.prepare import prepare
@@ -9,6 +14,45 @@ from spotray.drills.s3local import create_bucket, moto_server
 from spotray.storage import StorageOptions, resolve
 from tests.corpus import write_corpus
 from tests.repo import REPO, STACKS
+
+# What the tests start: Ray's processes, the moto S3 server, MLflow's tracking server, Prometheus.
+SERVICES = ("raylet", "gcs_server", "ray/dashboard", "ray::", "moto_server", "moto.server", "mlflow", "prometheus")
+LEFTOVER_GRACE_S = 30  # Ray's processes exit a few seconds after ray.shutdown()
+
+
+def _services() -> dict[int, str]:
+    """Running service processes other than this one and its ancestors (a pytest -k may name them)."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(proc.info["cmdline"] or [])
+        if proc.info["pid"] not in mine and any(name in command for name in SERVICES):
+            found[proc.info["pid"]] = command
+    return found
+
+
+def _listening_ports(pid: int) -> list[int]:
+    try:
+        return sorted(c.laddr.port for c in psutil.Process(pid).net_connections() if c.status == psutil.CONN_LISTEN)
+    except psutil.Error:
+        return []
+
+
+def pytest_sessionstart(session):
+    session.config.stash["services_before"] = set(_services())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the session where a service a test started outlives it (session fixtures are torn down by now)."""
+    before = session.config.stash.get("services_before", set())
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := {pid: cmd for pid, cmd in _services().items() if pid not in before}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"
+                 for pid, cmd in sorted(left.items())]
+        print("\nleft running after the session:\n" + "\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

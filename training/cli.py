@@ -231,7 +231,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
-                                     "goodput", "tracking", "soak"])
+                                     "goodput", "tracking", "soak", "planner"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default=None,
                    help="checkpoint, recovery benches: any of local,s3 (default: both; recovery --script: s3)")
@@ -253,6 +253,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or notice (spotray's recovery from a notice against from a kill, timed from the fault)")
     p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
     p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
+    p.add_argument("--rates", default="1,2,3",
+                   help="planner bench: the interruption rates to drill, in faults per run (default 1,2,3)")
+    p.add_argument("--faults", type=int, default=10,
+                   help="soak bench: how many faults its schedule holds (at least one of each kind: 7)")
     p.add_argument("--script", action="store_true",
                    help="recovery bench: a Hugging Face Trainer script (spotray train --script) against the same "
                         "script with Ray's RayTrainReportCallback, on S3 (--storage s3, --fault kill)")

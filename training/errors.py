@@ -52,6 +52,10 @@ class TrainingFailed(SpotrayError):
     exit_code = 1
 
 
+class ClusterLost(TrainingFailed):
+    """The run's Ray cluster stopped answering (its head is gone): rerunning the command resumes the run."""
+
+
 class OutOfMemory(SpotrayError):  # noqa: N818 - read as "out of memory", like MemoryError
     """A rank ran out of host or device memory; says which rank and its memory figures."""
 

@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import TextIO
@@ -21,7 +22,8 @@ from spotray.capacity import group_fits, resources_text, worker_group_placement
 from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.console import WORKER_FORMAT
-from spotray.errors import TrainingFailed
+from spotray.errors import ClusterLost, StorageError, TrainingFailed
+from spotray.head_watch import HeadWatch
 from spotray.loop import WorkerEnv, run_root, train, units_per_step
 from spotray.nodes import NodeRecorder
 from spotray.prices import price_book, read_prices_file
@@ -114,11 +116,13 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     ledger.mark_run_started(attempts)
     nodes = NodeRecorder(attempts, cfg.cost, prices)
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
+    head = HeadWatch(ray.get_runtime_context().gcs_address)
     try:
-        with ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
-                             placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
+        with head, ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
+                                   placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
-            while _fit(workers_cfg, runtime_env, root):  # an attempt moved on a notice: run again on the other capacity
+            # an attempt moved on a notice: run again on the other capacity
+            while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console):
                 moves += 1
                 budget = cfg.fault_tolerance.max_preemptions
                 if 0 <= budget < moves:
@@ -127,12 +131,15 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
                                          "run the same command again to resume")
     except TrainingFailed:
         raise
-    except ray.exceptions.RayActorError as exc:  # the controller is gone: the Ray head (or its node) was lost
-        committed = list_committed(checkpoints_root(root), warn=False)
-        resume = f"step {committed[0].step}" if committed else "the start"
-        raise TrainingFailed(
-            f"training run '{cfg.run.name}' lost its Ray cluster ({root_cause(exc)[:120]}); run the same command "
-            f"again, on a new cluster if need be, to resume from {resume}") from exc
+    except KeyboardInterrupt:
+        if not head.lost:
+            raise
+        raise ClusterLost(_cluster_lost(cfg, root, "its head stopped answering")) from None
+    except ray.exceptions.RayActorError as exc:  # Ray Train's controller is gone: with the head, or on its own
+        if head.answers():
+            raise TrainingFailed(f"training run '{cfg.run.name}' failed: Ray Train's controller stopped "
+                                 f"({root_cause(exc)[:200]})") from exc
+        raise ClusterLost(_cluster_lost(cfg, root, "its head stopped answering")) from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         cause = root_cause(exc)
         failed_script = f"{script.ScriptFailed.__module__}.{script.ScriptFailed.__name__}: "
@@ -142,6 +149,43 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
+
+
+def _cluster_lost(cfg: TrainConfig, root: Location, why: str) -> str:
+    committed = list_committed(checkpoints_root(root), warn=False)
+    resume = f"step {committed[0].step}" if committed else "the start"
+    return (f"training run '{cfg.run.name}' lost its Ray cluster ({why}); run the same command again, on a new "
+            f"cluster if need be, to resume from {resume}")
+
+
+def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None,
+                                 root: Location, console: TextIO | None) -> bool:
+    """``_fit``, started again when Ray Train's controller failed to start: it writes a marker in storage as it
+    starts, so an outage would otherwise end the run. Started once more at once (the outage may be over already),
+    then again whenever storage answers, within checkpoint.save_failure_budget_s as for saves."""
+    storage = resolve(cfg.checkpoint.path, cfg.storage.options())
+    deadline = time.monotonic() + cfg.checkpoint.save_failure_budget_s
+    failed_with_storage_up = False
+    while True:
+        try:
+            return _fit(workers_cfg, runtime_env, root)
+        except ray.exceptions.RayActorError as exc:
+            if not exc.actor_init_failed:
+                raise
+            storage_up = storage.reachable()
+            if storage_up and failed_with_storage_up:
+                raise TrainingFailed(f"training run '{cfg.run.name}' failed: Ray Train's controller did not start "
+                                     f"({root_cause(exc)[:200]})") from exc
+            failed_with_storage_up = storage_up
+            (console or sys.stderr).write(f"spotray: the attempt did not start ({root_cause(exc)[:120]}): starting "
+                                          "it again once storage answers\n")
+            while not storage.reachable():
+                if time.monotonic() > deadline:
+                    raise StorageError(
+                        f"storage {storage.url} stayed unreachable for checkpoint.save_failure_budget_s="
+                        f"{cfg.checkpoint.save_failure_budget_s:g}s; run the same command again once it answers"
+                    ) from exc
+                time.sleep(2)
 
 
 def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:

@@ -78,7 +78,9 @@ class ProgressMonitor:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
-        self.poll()
+        # Not Ray's placement: the run may have ended because the head is gone, and Ray's state calls would then
+        # block until Ray ends the process.
+        self.poll(capacity=False)
         if self.tty and self._last_line:
             self.stream.write("\n")
 
@@ -92,8 +94,9 @@ class ProgressMonitor:
     def _attempts(self) -> list[ledger.AttemptInfo]:
         return ledger.read_attempts(self.root, self._known)
 
-    def poll(self) -> None:
-        self._capacity()
+    def poll(self, capacity: bool = True) -> None:
+        if capacity:
+            self._capacity()
         attempts = self._attempts()
         if self.nodes:
             self.nodes.record({name for a in attempts for name in a.nodes})

@@ -100,6 +100,14 @@ class Location:
     def exists(self) -> bool:
         return self._info().type != pafs.FileType.NotFound
 
+    def reachable(self) -> bool:
+        """Whether storage answers a look-up of this location now (whatever the answer)."""
+        try:
+            self._info()
+        except StorageError:
+            return False
+        return True
+
     def is_dir(self) -> bool:
         return self._info().type == pafs.FileType.Directory
 

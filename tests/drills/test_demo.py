@@ -10,6 +10,8 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
+
 from spotray import config, goodput, ledger
 from spotray.console import line_kind
 from spotray.infra.cli import main
@@ -31,6 +33,7 @@ from tests.training.runs import train_locally
 SHORTER = {"train.max_steps": 150, "checkpoint.every_steps": 25, "train.log_every": 5}
 
 
+@pytest.mark.cluster
 def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlflow_server):
     trackers = {"tracking.mlflow.uri": mlflow_server.url, "tracking.mlflow.experiment": "demo",
                 "tracking.tensorboard.dir": str(tmp_path / "tb"), "tracking.wandb.project": "demo",

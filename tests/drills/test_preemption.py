@@ -22,6 +22,8 @@ from tests.training.test_user_task import imported_on_workers, write_project
 
 MAX_STEPS = 120
 
+pytestmark = pytest.mark.cluster  # a real multi-node local Ray cluster (make quick leaves these out)
+
 
 def start_training(dataset_url: str, tmp_path, cluster: LocalCluster, *extra: str) -> subprocess.Popen:
     args = [
@@ -97,7 +99,6 @@ def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expecte
     return first_last, second_from
 
 
-@pytest.mark.slow  # the demo's test drills a notice (and the move) in make test
 def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster, dataset_url, tmp_path):
     """A tiny Llama (the built-in GPT's notice is drilled by the demo's test)."""
     llama = [f"model.hf.config.{key}={value}" for key, value in TINY["llama"].items()]
@@ -112,7 +113,6 @@ def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster
     assert_quiet_console(driver_log, "MOVING ON from step")
 
 
-@pytest.mark.slow  # the unit test of the same path, test_checkpoint's outage test, runs in make test
 def test_storage_outage_during_saves_training_continues_and_no_partial_checkpoint_is_adopted(
         cluster, dataset_url, tmp_path, s3_server):
     bucket, steps = create_bucket(s3_server), 600  # long enough to still be training when the outage ends
@@ -140,7 +140,6 @@ def test_storage_outage_during_saves_training_continues_and_no_partial_checkpoin
     assert steps in committed
 
 
-@pytest.mark.slow
 def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluster, dataset_url, tmp_path):
     def kill_after_a_few_more_steps(node):
         time.sleep(1.0)  # steps past the checkpoint, which the restart must recompute
@@ -151,7 +150,6 @@ def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluste
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
 
 
-@pytest.mark.slow
 def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(dataset_url, tmp_path):
     with LocalCluster(tmp_path / "ray-logs-1").start(workers=2) as first:
         driver = start_training(dataset_url, tmp_path, first)
@@ -179,7 +177,6 @@ def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(da
     assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
 
 
-@pytest.mark.slow  # test_capacity checks the placement probe and the console line in make test
 def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(dataset_url, tmp_path):
     with LocalCluster(tmp_path / "ray-logs").start(workers=0) as cluster:  # the head alone: no CPU for a worker
         driver = start_training(dataset_url, tmp_path, cluster)
@@ -194,7 +191,6 @@ def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_
     assert console.count("WAITING for capacity") == 1, console
 
 
-@pytest.mark.slow  # test_runtime_env packages a project in make test; test_user_task's shipping test is slow too
 def test_a_shipped_project_reaches_the_workers_of_every_attempt_on_a_cluster(cluster, dataset_url, tmp_path):
     project = write_project(tmp_path / "project")
     (tmp_path / "ckpt").mkdir()

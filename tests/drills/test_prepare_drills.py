@@ -21,6 +21,8 @@ from tests.training.test_prepare import dataset_digests
 SPOTRAY = Path(sys.executable).parent / "spotray"
 SETTINGS = {"chunk_mb": 1.0, "shard_tokens": 1 << 16}
 
+pytestmark = pytest.mark.cluster  # a real multi-node local Ray cluster (make quick leaves these out)
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
@@ -47,7 +49,6 @@ def wait_for_chunks(out: Path, count: int, proc: subprocess.Popen, timeout_s: fl
     raise AssertionError(f"prepare did not finish {count} chunks while running: {proc.poll()=}")
 
 
-@pytest.mark.slow
 def test_a_worker_node_lost_mid_prepare_costs_only_its_chunks(corpus, tmp_path):
     root, tokenizer = corpus
     out = tmp_path / "out"
@@ -65,7 +66,6 @@ def test_a_worker_node_lost_mid_prepare_costs_only_its_chunks(corpus, tmp_path):
     assert "prepared" in stdout
 
 
-@pytest.mark.slow
 def test_a_killed_prepare_run_again_does_only_the_missing_chunks(corpus, tmp_path):
     root, tokenizer = corpus
     out = tmp_path / "out"

@@ -21,6 +21,8 @@ from spotray.storage import Location, resolve
 from tests.drills.test_preemption import wait_until
 from tests.repo import REPO, readme_example
 
+pytestmark = pytest.mark.cluster  # a real multi-node local Ray cluster (make quick leaves these out)
+
 MAX_STEPS = 40
 # A notice takes seconds to reach the workers (Ray drains the node, Ray Train polls every second) while these steps
 # take milliseconds: a notice drill runs long enough after step 10 that the notice always lands before the end.
@@ -88,7 +90,6 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
     assert status.returncode == 0 and "notice" in status.stdout and "goodput" in status.stdout, status.stdout
 
 
-@pytest.mark.slow  # the notice drill above runs in make test
 def test_a_kill_costs_a_trainer_script_at_most_one_checkpoint_interval(tmp_path):
     summary, _, root = run_drill(tmp_path, "kill")
     (event,) = summary["events"]
@@ -106,7 +107,6 @@ def assert_two_lines_as_in_readme(script: Path) -> None:
         assert call in readme and call in code, call
 
 
-@pytest.mark.slow  # the Trainer's notice drill runs in make test
 def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
     summary, console, root = run_drill(tmp_path, "notice", accelerate_loop)
     assert_resumed_at_the_notice(summary, root, "files/random_states_0.pkl", "files/random_states_1.pkl",

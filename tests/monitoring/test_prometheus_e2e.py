@@ -42,7 +42,7 @@ RAY_TRAIN_EXCEPTIONS = {
                      "Collate Time by Rank", "Finalize Time by Rank"], _NO_RAY_DATA),
 }
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 
 def prometheus_config(cluster: LocalCluster, rules: Path) -> dict:

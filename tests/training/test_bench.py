@@ -1,4 +1,4 @@
-"""Every ``spotray bench`` command on the tiny preset: the JSON that BENCHMARKS.md is made from has its keys, and
+"""Every ``spotray bench`` command at its smallest size: the JSON that BENCHMARKS.md is made from has its keys, and
 its ratios are finite and positive. How fast anything is, the benches measure; these only show that they run."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def assert_ratios(result: dict, *keys: str) -> None:
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
 
 
-@pytest.mark.slow  # 45 s in CI; test_checkpoint saves and restores on S3, sync and async, in make test
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_checkpoint_bench_on_s3():
     result = bench("checkpoint", "--storage", "s3", "--steps", "2")
     assert "local" not in result and result["repeats"] == 2
@@ -38,7 +38,7 @@ def test_checkpoint_bench_on_s3():
     assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
 
 
-@pytest.mark.slow  # 1 minute on 2 cores; test_bench's argument checks run in make test
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_throughput_bench():
     result = bench("throughput", "--steps", "3", "--rounds", "1")
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
@@ -54,7 +54,7 @@ def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
         _bare_step_s(cfg)
 
 
-@pytest.mark.slow  # these three: 3 minutes on 2 cores; test_hf and test_export check the same paths in CI
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_throughput_bench_of_a_transformers_model():
     llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \
             '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256}'
@@ -62,20 +62,20 @@ def test_throughput_bench_of_a_transformers_model():
     assert_ratios(result, "step_time_ratio")
 
 
-@pytest.mark.slow
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_pretrained_bench_reads_about_half_the_model_on_each_of_2_ranks():
     result = bench("pretrained")
     assert all(0.4 < share <= 0.6 for share in result["bytes_read_per_rank_over_model"])
     assert_ratios(result, "from_pretrained_local_one_rank_s", "model_mb")
 
 
-@pytest.mark.slow
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_export_bench():
     result = bench("export")
     assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
 
 
-@pytest.mark.slow  # two multi-node kill drills: 3 minutes on 2 cores
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_recovery_bench_on_local_storage():
     # 100-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
     result = bench("recovery", "--storage", "local", "--rounds", "1", "--steps", "100")
@@ -87,7 +87,7 @@ def test_recovery_bench_on_local_storage():
     assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
 
 
-@pytest.mark.slow  # a notice drill and a kill drill: 2 minutes on 2 cores
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_recovery_bench_times_a_notice_against_a_kill():
     result = bench("recovery", "--fault", "notice", "--storage", "local", "--rounds", "1", "--steps", "100")
     (notice,), (kill,) = result["local"]["notice"], result["local"]["kill"]
@@ -96,7 +96,7 @@ def test_recovery_bench_times_a_notice_against_a_kill():
     assert result["local"]["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
 
 
-@pytest.mark.slow  # two demo drills: 3 minutes on 2 cores
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_goodput_bench_reports_both_variants_with_their_badput():
     result = bench("goodput", "--steps", "600", "--rounds", "1")
     (baseline,), (spotray,) = result["baseline"], result["spotray"]
@@ -107,7 +107,7 @@ def test_goodput_bench_reports_both_variants_with_their_badput():
     assert result["goodput_gain"] == round(result["goodput_best"]["spotray"] - result["goodput_best"]["baseline"], 4)
 
 
-@pytest.mark.slow  # a minute on 2 cores: Ray, moto and Hugging Face datasets on 8 MB
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],
                           capture_output=True, text=True, timeout=900)
@@ -136,7 +136,7 @@ def test_the_script_recovery_bench_refuses_what_it_does_not_measure_before_start
     assert error in capsys.readouterr().err
 
 
-@pytest.mark.slow  # two multi-node kill drills with S3 on loopback: 5 minutes on 2 cores
+@pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_recovery_bench_of_a_trainer_script_against_rays_integration():
     # 50-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
     result = bench("recovery", "--script", "--rounds", "1", "--steps", "50")
@@ -148,3 +148,20 @@ def test_recovery_bench_of_a_trainer_script_against_rays_integration():
         # Each of the 2 nodes read one whole checkpoint (one rank a node here), for either integration.
         assert len(drill["bytes_read_per_node"]) == 2 and len(set(drill["bytes_read_per_node"].values())) == 1
     assert_ratios(s3, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
+
+
+@pytest.mark.cluster  # a bench command: it starts its own Ray
+def test_planner_bench_compares_the_prediction_with_a_drill():
+    result = bench("planner", "--steps", "300", "--rates", "1", model="tiny")
+    (drill,) = result["drills"]
+    assert 0 < drill["predicted_goodput"] < 1 and 0 < drill["measured_goodput"] < 1
+    assert result["largest_gap"] == round(abs(drill["predicted_goodput"] - drill["measured_goodput"]), 4)
+
+
+@pytest.mark.parametrize(("argv", "error"), [(["planner", "--rates", "0"], "--rates '0': give positive faults"),
+                                             (["planner", "--steps", "10"], "--steps 10: give at least 300")])
+def test_the_planner_bench_refuses_bad_arguments_before_starting_anything(argv, error, capsys):
+    from spotray.cli import main
+
+    assert main(["bench", *argv, "--json"]) == 2
+    assert error in capsys.readouterr().err

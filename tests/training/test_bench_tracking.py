@@ -8,7 +8,7 @@ import pytest
 from tests.training.test_bench import assert_ratios, bench
 
 
-@pytest.mark.slow  # an MLflow server and three runs: 3 minutes on 2 cores; test_tracking checks the same path in CI
+@pytest.mark.cluster  # a bench command
 def test_tracking_bench():
     result = bench("tracking", "--steps", "12", "--rounds", "1")
     assert {variant: len(seconds) for variant, seconds in result["step_s"].items()} == {

@@ -127,7 +127,6 @@ def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, data
 
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
 # test_user_task trains through the console script, in make test.
-@pytest.mark.slow
 def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path):
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))

@@ -72,7 +72,7 @@ def test_one_and_two_workers_ddp_and_fsdp_report_the_same_val_loss_on_the_same_m
         assert result["metrics"]["val_loss"] == pytest.approx(one["metrics"]["val_loss"], rel=1e-6)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_evaluation_leaves_training_bitwise_unchanged_and_a_resume_evaluates_no_step_twice(parallel,
                                                                                           split_dataset_url, tmp_path):
     on = ("checkpoint.keep_best=true", "checkpoint.keep_last=1", f"parallel={parallel}", *EVAL)

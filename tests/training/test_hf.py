@@ -33,7 +33,7 @@ def hf_config(dataset_url: str, root, name: str, arch: str, *overrides: str):
 
 # GPT-2's runs are slow: Llama's check the same guarantees in make test, and so does the pretrained test's GPT-2 case
 # (FSDP on GPT-2's blocks).
-@pytest.fixture(scope="module", params=["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
 def runs(request, dataset_url, tmp_path_factory):
     """Per architecture: straight 20-step runs (DDP, FSDP) and runs stopped at step 10 (audited for FSDP)."""
     arch, root = request.param, tmp_path_factory.mktemp(request.param)

@@ -38,8 +38,8 @@ def uninterrupted(dataset_url, tmp_path_factory):
 
 # The 2-worker case in make test; test_checkpoint sets aside, restores async saves and rides out outages on S3 there.
 @pytest.mark.parametrize(("where", "workers", "keep_last", "save_async"), [
-    pytest.param("local", 1, 1, False, marks=pytest.mark.slow), ("local", 2, 2, False),
-    pytest.param("local", 1, 1, True, marks=pytest.mark.slow), pytest.param("s3", 1, 1, True, marks=pytest.mark.slow)])
+    ("local", 1, 1, False), ("local", 2, 2, False),
+    ("local", 1, 1, True), ("s3", 1, 1, True)])
 def test_a_run_resumed_below_an_unreadable_checkpoint_keeps_its_own_and_trains_to_the_end(
         where, workers, keep_last, save_async, uninterrupted, dataset_url, tmp_path, request):
     storage = ()

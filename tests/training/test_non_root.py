@@ -22,9 +22,6 @@ from tests.corpus import write_corpus
 UID, GID = 4242, 100
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
-pytestmark = pytest.mark.slow
-
-
 def _as_pod_user() -> list[str]:
     """``setpriv`` to UID, where it can run this interpreter; else nothing."""
     switch = ["setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups"]

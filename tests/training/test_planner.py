@@ -4,11 +4,7 @@ input, and its validation against a real run's ledger (tests/fixtures/ledger-int
 import argparse
 import json
 import math
-import random
 import shlex
-import subprocess
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -257,70 +253,3 @@ def test_other_sizes_use_the_rate_the_run_saw_once_it_is_trusted_else_ask_for_th
     short = interrupted_ledger(tmp_path / "short", kills=4, hours_each=4.0)  # 4 in 20 node-hours: not yet
     with pytest.raises(SpotrayError, match="the run saw 4 interruptions in 20.0"):
         estimate("--from", short, "--every-steps", "50", "--nodes", "8,64")
-
-
-# ---- goodput drills at several rates (slow: a local Ray cluster, minutes each) --------------------------------
-
-
-def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]]) -> Path:
-    """The demo's run (tiny GPT, DDP on 2 workers of a local 3-node Ray cluster) with faults at ``plan``'s steps,
-    a replacement node after each; returns the run's folder."""
-    import yaml
-
-    from spotray import config, demo
-    from spotray.drills.cluster import LocalCluster
-    from spotray.loop import run_root
-
-    cfg = config.load(demo.demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={workdir}",
-                                                "run.name=drill", f"train.max_steps={steps}"])
-    root = run_root(cfg)
-    Path(root.path).mkdir(parents=True, exist_ok=True)
-    config_file = Path(root.path) / "config.yaml"
-    config_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    with LocalCluster(workdir / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        injector = demo.FaultInjector(cluster, root.child("attempts"), plan).start()
-        try:
-            driver = subprocess.run([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
-                                    env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
-                                    stdout=subprocess.DEVNULL, timeout=1200)
-        finally:
-            injector.stop()
-    assert driver.returncode == 0, f"the drill failed; Ray's logs are in {workdir / 'ray-logs'}"
-    assert len(injector.injected) == len(plan), (injector.injected, plan)
-    return Path(root.path)
-
-
-def poisson_kills(rate_per_s: float, wall_per_step_s: float, steps: int, seed: int) -> list[tuple[str, int]]:
-    """Kills at the steps a Poisson process of ``rate_per_s`` reaches, in wall seconds of training."""
-    rng, plan, at_s = random.Random(seed), [], 0.0
-    while True:
-        at_s += rng.expovariate(rate_per_s)
-        step = int(at_s / wall_per_step_s)
-        if step >= steps - 100:  # a kill too near the end could find the run finished (status is every 10 steps)
-            return plan
-        if not plan or step > plan[-1][1] + 60:  # a checkpoint (every 50 steps) and the restart in between
-            plan.append(("kill", step))
-
-
-@pytest.mark.slow
-def test_goodput_drills_at_several_rates_come_within_5_points_of_the_plan(tmp_path):
-    """A calibration drill (one kill) measures the times; then drills with kills at random, seeded times at several
-    rates. The planner, given the calibration's times and each drill's count of kills, predicts its goodput."""
-    from spotray import demo
-
-    steps, data_url = 1800, demo.stdlib_corpus(str(tmp_path))
-    calibration = planner_ledger.inputs_from_run(str(drill(tmp_path / "calibration", data_url, steps,
-                                                           [("kill", steps // 2)])))
-    times = {k: v for k, v in calibration.values.items() if k not in ("interruptions", "notice_share")}
-    wall_per_step = times["step_s"] + times["overhead_s_per_step"]
-    results = []
-    for seed, faults_per_run in enumerate((1.0, 2.0, 3.0)):
-        rate = faults_per_run / (steps * wall_per_step)
-        plan = poisson_kills(rate, wall_per_step, steps, seed)
-        started = time.monotonic()
-        run = planner_ledger.inputs_from_run(str(drill(tmp_path / f"rate-{seed}", data_url, steps, plan)))
-        predicted = one(planner.Inputs(**times, interruptions=len(plan)), times["nodes"][0], "spot")
-        results.append((faults_per_run, len(plan), predicted.goodput, run.goodput, time.monotonic() - started))
-    print("faults/run planned, injected, predicted, measured, seconds:", results)
-    for _, _, predicted, measured, _ in results:
-        assert abs(predicted - measured) < 0.05, results

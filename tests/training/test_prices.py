@@ -352,7 +352,6 @@ def test_an_unreachable_prometheus_is_a_warning_once_and_no_estimates(monkeypatc
     assert caplog.records[0].getMessage().startswith(f"no Karpenter price estimates: cannot query Prometheus at {url}")
 
 
-@pytest.mark.slow
 def test_karpenter_estimates_from_a_real_prometheus(tmp_path):
     """A real Prometheus scrapes Karpenter's metrics (the sample, served as Karpenter's /metrics serves them) and
     answers the query. With SPOTRAY_RECORD=1 it rewrites the recorded answer the fast tests replay."""

@@ -43,10 +43,13 @@ def scrape_spotray_gauges(port: int) -> set[str]:
     return {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_spotray_")}
 
 
-@pytest.mark.slow  # test_prometheus_e2e queries every one of these gauges through the dashboard in make test
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
+    # priced nodes, as the demo's: the cost gauges are exported only where every node has a price
+    priced = {"node": {"instance_type": "g5.xlarge", "capacity_type": "spot"},
+              "prices": {"g5.xlarge": {"spot": 0.45, "on-demand": 1.006}}}
     cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "metrics", "train.max_steps=400", "train.log_every=5",
-                      "checkpoint.every_steps=100", "eval.every_steps=50", f"data.val_path={dataset_url}")
+                      "checkpoint.every_steps=100", "eval.every_steps=50", f"data.val_path={dataset_url}",
+                      cost=priced)
     run = threading.Thread(target=launch.run, args=(cfg,), daemon=True)
     run.start()
     seen: set[str] = set()

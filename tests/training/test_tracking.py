@@ -141,7 +141,6 @@ def test_a_rerun_after_the_driver_failed_continues_the_same_tracker_runs_with_th
     assert len(list(run.tensorboard_dir.glob("events.out.tfevents.*"))) == 2
 
 
-@pytest.mark.slow  # the demo's test evaluates, keeps the best and logs one run to every tracker in make test
 def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_tracker(tmp_path, mlflow_server):
     """As shown, with this module's MLflow server in place of the example's address."""
     commands = readme_example("tracking-example").replace("http://127.0.0.1:5000", mlflow_server.url)

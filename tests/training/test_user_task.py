@@ -99,7 +99,6 @@ def imported_on_workers(run_dir: Path, project: Path) -> list[str]:
     return on_workers
 
 
-@pytest.mark.slow  # 2.5 minutes on 2 cores; test_runtime_env packages a project in make test
 def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_nothing(dataset_url, tmp_path):
     """A user's project with packages named like spotray's folders, run from its own directory: the task that
     exists only there trains on 2 workers, stops, and resumes bitwise; no worker imports it from anywhere else."""

@@ -46,7 +46,11 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "soak":
         from spotray.bench.soak import run
 
-        return run(minutes=args.minutes, seed=args.seed)
+        return run(minutes=args.minutes, seed=args.seed, faults=args.faults)
+    if which == "planner":
+        from spotray.bench.planner import run
+
+        return run(steps=args.steps or 1800, faults_per_run=_rates(args.rates))
     if which == "tracking":
         from spotray.bench.tracking import run
 
@@ -63,3 +67,13 @@ def _storages(arg: str) -> list[str]:
     if unknown or not storages:
         raise SpotrayError(f"--storage: unknown {sorted(unknown)}; use a comma-separated list of local, s3")
     return storages
+
+
+def _rates(arg: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(r) for r in arg.split(",") if r.strip())
+    except ValueError:
+        rates = ()
+    if not rates or min(rates) <= 0:
+        raise SpotrayError(f"--rates {arg!r}: give positive faults per run, comma-separated, e.g. 1,2,3")
+    return rates

@@ -22,9 +22,6 @@ from spotray.telemetry import peak_flops
 GPU_BATCH_PER_WORKER = 64  # sequences per GPU and step: llm.c's GPT-2 124M shape (-b 64 -t 1024)
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop
 _RANK_ERROR = re.compile(r"^\[rank\d+\]: [\w.]*(Error|Exception)\b")
-# On CI's 2 cores the baseline has now and then exited 1 with no worker error in its output (not reproduced in 24
-# runs on their own): it gets a second try, and every failure prints the end of torchrun's output to stderr.
-BARE_TRIES = 2
 BARE_OUTPUT_LINES = 40
 
 
@@ -44,19 +41,17 @@ def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, wor
 
 def _bare_step_s(cfg: config.TrainConfig) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what Ray gives a 1-CPU worker
-    for attempt in range(1, BARE_TRIES + 1):
-        proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone",
-             f"--nproc_per_node={cfg.scaling.num_workers}", "-m", "spotray.bench.bare_ddp", json.dumps(cfg.to_dict())],
-            capture_output=True, text=True, env=env, timeout=1800,
-        )
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode == 0 and lines:
-            return json.loads(lines[-1])["step_s"]
-        error = f"bare torchrun loop failed (exit {proc.returncode}): {_rank_error(proc.stderr)}"
-        tail = "\n".join(proc.stderr.splitlines()[-BARE_OUTPUT_LINES:])
-        print(f"bench: {error} (try {attempt} of {BARE_TRIES}); torchrun's output ends:\n{tail}", file=sys.stderr)
-    raise SpotrayError(error)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={cfg.scaling.num_workers}", "-m", "spotray.bench.bare_ddp", json.dumps(cfg.to_dict())],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])["step_s"]
+    tail = "\n".join(proc.stderr.splitlines()[-BARE_OUTPUT_LINES:])
+    print(f"bench: torchrun's output ends:\n{tail}", file=sys.stderr)
+    raise SpotrayError(f"bare torchrun loop failed (exit {proc.returncode}): {_rank_error(proc.stderr)}")
 
 
 def _rank_error(stderr: str) -> list[str]:

@@ -56,7 +56,8 @@ class RayExecutor:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        tally = ray.remote(num_cpus=0, scheduling_strategy=here)(_Tally).remote()  # not on a node that may be lost
+        # Near the driver, and restarted elsewhere if its node is lost all the same: it only feeds the progress line.
+        tally = ray.remote(num_cpus=0, scheduling_strategy=here, max_restarts=-1)(_Tally).remote()
         task = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run_job)
         shared_ref = ray.put(shared)
         pending: dict = {}
@@ -68,7 +69,7 @@ class RayExecutor:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in ready:
                     on_done(pending.pop(ref), _result(ray, ref))
-                running = ray.get(tally.take.remote())
+                running = _running_counts(ray, tally)
                 numbers = {job.number for job in pending.values()}
                 totals = [sum(v[i] for k, v in running.items() if k in numbers) for i in range(3)]
                 on_progress(*totals)
@@ -98,6 +99,14 @@ def _run_job(fn: Callable, job, shared, tally) -> dict:
         tally.put.remote(job.number, (documents, tokens, bytes_in))
 
     return fn(job, shared, report)
+
+
+def _running_counts(ray, tally) -> dict[int, tuple[int, int, int]]:
+    """The running jobs' latest counts; none while the tally restarts (its node was lost): the jobs report again."""
+    try:
+        return ray.get(tally.take.remote(), timeout=10)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return {}
 
 
 def _result(ray, ref) -> dict:
