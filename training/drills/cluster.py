@@ -21,6 +21,7 @@ from spotray.errors import SpotrayError
 from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
+_STARTED = "Ray runtime started."  # what `ray start` logs once the GCS lists its node
 
 
 @dataclass
@@ -127,24 +128,21 @@ class LocalCluster:
         return node
 
     def _wait_for(self, node: Node, timeout_s: float = 90.0) -> None:
-        """Until ``node`` has joined (known by its metrics port: other nodes may come and go meanwhile)."""
+        """Until ``node`` has joined: ``ray start`` says so once the GCS lists the node, and ends if it does not
+        within Ray's own 30 s. Read from its log: probing the cluster with a driver of its own (a Python process and
+        a job a probe) loaded a 2-core machine enough to make a starting raylet miss those 30 s."""
+        log = self.log_dir / f"{node.name}.log"
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if node.metrics_port in self.alive_metrics_ports():
+            if _STARTED in log.read_text(errors="replace"):
                 return
-            time.sleep(0.5)
-        raise SpotrayError(f"local Ray node {node.name} did not join in {timeout_s:.0f}s; logs in {self.log_dir}")
-
-    def alive_metrics_ports(self) -> set[int]:
-        probe = (f"import ray; ray.init(address='{self.address}', logging_level='ERROR'); "
-                 "print(*[n['MetricsExportPort'] for n in ray.nodes() if n['Alive']])")
-        try:
-            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
-                                 env=self.node_env())
-        except subprocess.TimeoutExpired:  # a loaded machine: the caller asks again until its own deadline
-            return set()
-        lines = out.stdout.strip().splitlines()
-        return {int(port) for port in lines[-1].split() if port.isdigit()} if out.returncode == 0 and lines else set()
+            if not node.alive:
+                break
+            time.sleep(0.2)
+        said = next((line.strip() for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()),
+                    "no output")
+        raise SpotrayError(f"local Ray node {node.name} did not join in {timeout_s:.0f}s ({said}); logs in "
+                           f"{self.log_dir}")
 
 
 def _descendants(pid: int) -> list[int]:
