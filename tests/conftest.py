@@ -15,19 +15,26 @@ from spotray.storage import StorageOptions, resolve
 from tests.corpus import write_corpus
 from tests.repo import REPO, STACKS
 
-# What the tests start: Ray's processes, the moto S3 server, MLflow's tracking server, Prometheus.
+# What the tests start: Ray's processes, the moto S3 server, MLflow's tracking server, Prometheus. They are told
+# apart from other sessions' by a variable of this session's that every process it starts inherits.
 SERVICES = ("raylet", "gcs_server", "ray/dashboard", "ray::", "moto_server", "moto.server", "mlflow", "prometheus")
+SESSION_VARIABLE = "SPOTRAY_TEST_SESSION"
 LEFTOVER_GRACE_S = 30  # Ray's processes exit a few seconds after ray.shutdown()
+_SECONDS_BY_FOLDER: dict[str, list] = {}  # folder -> [seconds, tests run]
 
 
-def _services() -> dict[int, str]:
-    """Running service processes other than this one and its ancestors (a pytest -k may name them)."""
-    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+def _services(session_id: str) -> dict[int, str]:
+    """This session's service processes still running (a pytest -k may name them: this process is left out)."""
     found = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         command = " ".join(proc.info["cmdline"] or [])
-        if proc.info["pid"] not in mine and any(name in command for name in SERVICES):
-            found[proc.info["pid"]] = command
+        if proc.info["pid"] == os.getpid() or not any(name in command for name in SERVICES):
+            continue
+        try:
+            if proc.environ().get(SESSION_VARIABLE) == session_id:
+                found[proc.info["pid"]] = command
+        except psutil.Error:
+            pass
     return found
 
 
@@ -39,14 +46,33 @@ def _listening_ports(pid: int) -> list[int]:
 
 
 def pytest_sessionstart(session):
-    session.config.stash["services_before"] = set(_services())
+    os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+
+
+def pytest_runtest_logreport(report):
+    """Setup, call and teardown time, summed by the test's folder (session fixtures land on their first user)."""
+    folder = report.nodeid.split("::")[0].rsplit("/", 1)[0]
+    by_folder = _SECONDS_BY_FOLDER.setdefault(folder, [0.0, 0])
+    by_folder[0] += report.duration
+    by_folder[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's time by folder, for BENCHMARKS.md's table and the next feature's budget."""
+    if not _SECONDS_BY_FOLDER:
+        return
+    terminalreporter.section("time by folder")
+    for folder, (seconds, tests) in sorted(_SECONDS_BY_FOLDER.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{seconds / 60:6.1f} min  {tests:4d} tests  {folder}")
+    total = sum(seconds for seconds, _ in _SECONDS_BY_FOLDER.values())
+    terminalreporter.write_line(f"{total / 60:6.1f} min  in all")
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Fails the session where a service a test started outlives it (session fixtures are torn down by now)."""
-    before = session.config.stash.get("services_before", set())
+    session_id = os.environ[SESSION_VARIABLE]
     deadline = time.monotonic() + LEFTOVER_GRACE_S
-    while (left := {pid: cmd for pid, cmd in _services().items() if pid not in before}) and time.monotonic() < deadline:
+    while (left := _services(session_id)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if left:
         lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"

@@ -24,11 +24,12 @@ def ray_reconnect_timeout_s() -> float:
 
 class HeadWatch:
     """Probes the GCS port every ``every_s``; ``lost`` turns True, and the main thread gets a KeyboardInterrupt,
-    when no probe has answered for ``lost_after_s`` (default: half of Ray's own reconnect timeout)."""
+    when no probe has answered for ``lost_after_s`` (default: half of Ray's own reconnect timeout). With no address
+    (no Ray connected) it watches nothing."""
 
-    def __init__(self, gcs_address: str, lost_after_s: float | None = None, every_s: float = 1.0):
-        host, _, port = gcs_address.rpartition(":")
-        self.address = (host, int(port))
+    def __init__(self, gcs_address: str | None, lost_after_s: float | None = None, every_s: float = 1.0):
+        host, _, port = (gcs_address or "").rpartition(":")
+        self.address = (host, int(port)) if gcs_address else None
         self.lost_after_s = lost_after_s if lost_after_s is not None else ray_reconnect_timeout_s() / 2
         self.every_s = every_s
         self.lost = False
@@ -37,7 +38,7 @@ class HeadWatch:
         self._previous_handler = None
 
     def __enter__(self) -> HeadWatch:
-        if threading.current_thread() is threading.main_thread():  # only the main thread can be interrupted
+        if self.address and threading.current_thread() is threading.main_thread():  # only it can be interrupted
             self._previous_handler = signal.signal(_SIGNAL, _interrupt)
             self._thread.start()
         return self
@@ -60,6 +61,8 @@ class HeadWatch:
 
     def answers(self) -> bool:
         """Whether the GCS port takes a connection now."""
+        if not self.address:
+            return True
         try:
             with socket.create_connection(self.address, timeout=max(0.1, min(2.0, self.lost_after_s / 2))):
                 return True

@@ -116,7 +116,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     ledger.mark_run_started(attempts)
     nodes = NodeRecorder(attempts, cfg.cost, prices)
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
-    head = HeadWatch(ray.get_runtime_context().gcs_address)
+    head = HeadWatch(ray.get_runtime_context().gcs_address if ray.is_initialized() else None)
     try:
         with head, ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
                                    placement=functools.partial(worker_group_placement, cfg.scaling)), follower:

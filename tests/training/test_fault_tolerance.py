@@ -1,5 +1,6 @@
-"""The fault-tolerance settings reach Ray Train, a notice too short for a save is reported, not obeyed, and after
-an emergency checkpoint the attempt moves on as soon as the worker group fits on other nodes."""
+"""The fault-tolerance settings reach Ray Train, a notice too short for a save is reported, not obeyed, after
+an emergency checkpoint the attempt moves on as soon as the worker group fits on other nodes, and an attempt that
+could not start in a storage outage starts again once storage answers."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 
 from spotray import cadence, goodput, launch, ledger
 from spotray.checkpoint import Checkpointer, checkpoints_root, list_committed
-from spotray.errors import TrainingFailed
+from spotray.errors import StorageError, TrainingFailed
 from spotray.launch import failure_config
 from spotray.loop import WorkerEnv, _survive_preemption
-from spotray.storage import resolve
+from spotray.storage import Location, resolve
 from spotray.telemetry import RankZeroTelemetry
 from tests.training.configs import make_config
 
@@ -113,3 +114,56 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
             launch.run(cfg)
     else:
         assert launch.run(cfg) == {"finished": True}
+
+
+def _starts(monkeypatch, *outcomes) -> None:
+    """``launch._fit`` ends with each outcome in turn: a value returned, or an exception raised."""
+    queue = iter(outcomes)
+
+    def fit(*_):
+        outcome = next(queue)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(launch, "_fit", fit)
+    monkeypatch.setattr(launch.time, "sleep", lambda _: None)
+
+
+def _controller_did_not_start() -> Exception:
+    import ray
+
+    return ray.exceptions.RayActorError(actor_init_failed=True, error_msg="OSError: When testing for existence of "
+                                        "bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket operation")
+
+
+def test_an_attempt_that_could_not_start_in_a_storage_outage_starts_again_once_storage_answers(tmp_path,
+                                                                                                monkeypatch):
+    import io
+
+    answers = iter([False, False, False, True])  # down as the start failed, and twice more: then back
+    monkeypatch.setattr(Location, "reachable", lambda self: next(answers))
+    _starts(monkeypatch, _controller_did_not_start(), True)
+    cfg, console = make_config(str(tmp_path), str(tmp_path), "outage"), io.StringIO()
+    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console) is True
+    assert console.getvalue().count("\n") == 1 and "the attempt did not start (OSError: When testing" in \
+        console.getvalue() and "starting it again once storage answers" in console.getvalue()
+
+
+def test_a_start_failing_again_with_storage_up_or_an_outage_past_the_budget_ends_the_run(tmp_path, monkeypatch):
+    import io
+
+    import ray
+
+    cfg = make_config(str(tmp_path), str(tmp_path), "outage", "checkpoint.save_failure_budget_s=0")
+    root = resolve(str(tmp_path))
+    _starts(monkeypatch, _controller_did_not_start(), _controller_did_not_start())  # storage answers: once more
+    with pytest.raises(TrainingFailed, match=r"failed: Ray Train's controller did not start \(OSError: When"):
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())
+    monkeypatch.setattr(Location, "reachable", lambda self: False)
+    _starts(monkeypatch, _controller_did_not_start())
+    with pytest.raises(StorageError, match=r"stayed unreachable for checkpoint.save_failure_budget_s=0s; run the"):
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())
+    _starts(monkeypatch, ray.exceptions.RayActorError(error_msg="the controller's node died"))  # not at its start
+    with pytest.raises(ray.exceptions.RayActorError):
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())

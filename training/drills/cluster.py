@@ -141,8 +141,8 @@ class LocalCluster:
             time.sleep(0.2)
         said = next((line.strip() for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()),
                     "no output")
-        raise SpotrayError(f"local Ray node {node.name} did not join in {timeout_s:.0f}s ({said}); logs in "
-                           f"{self.log_dir}")
+        waited = "`ray start` ended" if not node.alive else f"not in {timeout_s:.0f}s"
+        raise SpotrayError(f"local Ray node {node.name} did not join ({waited}: {said}); logs in {self.log_dir}")
 
 
 def _descendants(pid: int) -> list[int]:

@@ -1,0 +1,40 @@
+"""The drills' local Ray cluster: a node has joined when ``ray start`` says so in its log, and one that does not
+join is one line naming what ``ray start`` said last."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from spotray.drills.cluster import LocalCluster, Node
+from spotray.errors import SpotrayError
+
+
+def node_that_logged(cluster: LocalCluster, text: str, still_running: bool) -> Node:
+    cluster.log_dir.mkdir(parents=True, exist_ok=True)
+    (cluster.log_dir / "worker1.log").write_text(text)
+    proc = subprocess.Popen(["sleep", "30" if still_running else "0"])
+    if not still_running:
+        proc.wait()
+    return Node("worker1", proc, 0)
+
+
+def test_a_node_has_joined_once_ray_start_logs_that_the_runtime_started(tmp_path):
+    with LocalCluster(tmp_path / "logs") as cluster:
+        node = node_that_logged(cluster, "INFO Local node IP: 127.0.0.1\nSUCC -- Ray runtime started.\n", True)
+        cluster._wait_for(node, timeout_s=5)
+        node.proc.kill()
+
+
+@pytest.mark.parametrize(("still_running", "waited"), [(False, "`ray start` ended"), (True, "not in 1s")])
+def test_a_node_that_does_not_join_is_one_line_with_what_ray_start_said_last(tmp_path, still_running, waited):
+    with LocalCluster(tmp_path / "logs") as cluster, pytest.raises(SpotrayError) as caught:
+        node = node_that_logged(cluster, "INFO Local node IP: 127.0.0.1\nException: The current node timed out "
+                                         "during startup.\n\n", still_running)
+        try:
+            cluster._wait_for(node, timeout_s=1)
+        finally:
+            node.proc.kill()
+    assert str(caught.value) == (f"local Ray node worker1 did not join ({waited}: Exception: The current node timed "
+                                 f"out during startup.); logs in {tmp_path / 'logs'}")
