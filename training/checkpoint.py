@@ -312,6 +312,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         return super().find_class(renamed(module) or module, name)
 
 
+_DONE: Future = Future()  # a retention that has nothing left to do
+_DONE.set_result(None)
+
+
 class Checkpointer:
     """Saves and restores a dict of ``Stateful`` objects; one per training attempt, on every rank.
 
@@ -452,15 +456,18 @@ class Checkpointer:
         self._retained = self._retention.submit(self._apply_retention, max(self._written))
 
     def _tidy_before_writing(self) -> None:
-        """The last commit's retention done (at an attempt's first save: what a killed attempt left is retained
-        now), and the folders of failed saves gone where storage lets them go."""
-        if self._retained is not None:
-            wait_for([self._retained])  # its errors were retention's own: the next commit's retention tries again
-        elif self.rank == 0:
+        """The last commit's retention done, and done again where it failed (an outage: what it could not delete
+        would stay beside the new save); at an attempt's first save, what a killed attempt left is retained now. And
+        the folders of failed saves gone, where storage lets them go."""
+        retained = self._retained
+        if retained is not None:
+            wait_for([retained])
+        if self.rank == 0 and (retained is None or retained.exception() is not None):
             try:
-                self._apply_retention(self.resumed_from or 0)
+                self._apply_retention(max(self._written, default=self.resumed_from or 0))
+                self._retained = _DONE
             except StorageError as exc:
-                log.info("retention before the first save: %s", exc)  # the first commit's retention tries again
+                log.info("retention before the next save: %s", exc)  # the next commit's retention tries again
         for folder in list(self._failed_folders):
             try:
                 folder.delete_tree()

@@ -1,6 +1,8 @@
 """``spotray bench soak``: its seeded schedule, and a short soak (every fault kind once) on a real multi-node local Ray
 cluster."""
 
+import json
+
 import pytest
 
 from spotray.bench.soak import HELD_AT_MOST, KINDS, LOST_AT_MOST, schedule, soak_checks
@@ -39,5 +41,5 @@ def test_a_run_survives_a_seeded_schedule_of_every_fault_bitwise_and_exactly_onc
     from spotray.bench.soak import run
 
     result = run(minutes=1, seed=1, faults=len(KINDS))  # every kind once, the least training between them
-    assert result["passed"], {k: v for k, v in result.items() if k != "machine"}
+    assert result["passed"], json.dumps({k: v for k, v in result.items() if k != "machine"})
     assert result["survived_by_kind"] == dict.fromkeys(KINDS, 1)

@@ -22,7 +22,7 @@ from spotray.checkpoint import (
 )
 from spotray.drills.outage import OutageProxy
 from spotray.drills.s3local import create_bucket
-from spotray.errors import CheckpointError
+from spotray.errors import CheckpointError, StorageError
 from spotray.storage import StorageOptions, resolve
 
 
@@ -218,6 +218,35 @@ def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retenti
     ckpt.close()
     assert max(len(folders) for folders in held) == 2, held
     assert "step_000000035" not in held[-1]
+
+
+def test_a_retention_that_failed_in_an_outage_is_done_before_the_next_save_writes(tmp_path, monkeypatch):
+    """Old checkpoints it could not delete would otherwise stay beside the new save until the next commit."""
+    run_root = resolve(str(tmp_path / "run"))
+    apply_retention, save = checkpoint.Checkpointer._apply_retention, checkpoint.dcp.save
+    held, outage = [], {"on": False}
+
+    def retention_in_the_outage(self, newest):
+        if outage["on"]:
+            raise StorageError("cannot list: storage went away")
+        apply_retention(self, newest)
+
+    def counting_save(state, storage_writer, **kwargs):
+        held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
+        return save(state, storage_writer=storage_writer, **kwargs)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention_in_the_outage)
+    monkeypatch.setattr(checkpoint.dcp, "save", counting_save)
+    ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
+    for step in (10, 20):
+        ckpt.save(step, {"box": Box(float(step))})
+    outage["on"] = True  # the commit of 30 lands, its retention does not
+    ckpt.save(30, {"box": Box(30.0)})
+    ckpt.wait()
+    outage["on"] = False
+    ckpt.save(40, {"box": Box(40.0)})
+    ckpt.close()
+    assert held[-1] == ["step_000000020", "step_000000030"], held  # 10 went before 40 was written
 
 
 @pytest.fixture

@@ -101,7 +101,8 @@ def _case(fmt: str, storage: str, tokenizer: str, runs: dict[int, list[dict]], p
             "seconds": {str(p): [round(r["seconds"], 2) for r in rs] for p, rs in runs.items()},
             "tokens_per_s": best, "tokens_per_s_median": median,
             "scaling": round(best[high] / best[low], 3), "scaling_median": round(median[high] / median[low], 3),
-            "peak_task_rss_mb": max(r["peak_task_rss_mb"] for rs in runs.values() for r in rs)}
+            "peak_task_rss_mb": max((r["peak_task_rss_mb"] for rs in runs.values() for r in rs
+                                     if r["peak_task_rss_mb"]), default=None)}
 
 
 def _baseline(runs: list[dict]) -> dict:
@@ -118,7 +119,8 @@ def _timed_prepare(source: str, out_root: str, options: StorageOptions, parallel
                         progress_stream=open(os.devnull, "w"))
         seconds = time.perf_counter() - started
     out.delete_tree()
-    return {"tokens": index["total_tokens"], "seconds": seconds, "peak_task_rss_mb": round(peak() / 1e6, 1)}
+    # None where every task ended between two samples (a small corpus)
+    return {"tokens": index["total_tokens"], "seconds": seconds, "peak_task_rss_mb": round(peak() / 1e6, 1) or None}
 
 
 @contextmanager
