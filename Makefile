@@ -47,9 +47,9 @@ prometheus:
 test: lint prometheus $(CHECKOV)
 	$(BIN)/python -m pytest
 
-# Before a commit: every test that needs no multi-node Ray cluster and runs no bench command.
+# Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
 quick: lint prometheus $(CHECKOV)
-	$(BIN)/python -m pytest -m "not cluster"
+	$(BIN)/python -m pytest -m "not cluster and not e2e"
 
 # checkov in a virtualenv of its own (its pins are not the project's), run offline by tests/cluster/test_scan.py.
 $(CHECKOV): | $(STAMP)

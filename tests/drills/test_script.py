@@ -1,6 +1,6 @@
 """A user's own script on a real multi-node Ray cluster, run as the README shows: a Hugging Face Trainer with
 spotray's two lines, and an Accelerate loop with spotray's calls. A preemption notice costs no step and the run
-resumes where the notice's checkpoint left it; a kill costs at most one checkpoint interval."""
+resumes where the notice's checkpoint left it; a kill costs the steps since the newest committed checkpoint."""
 
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, 
                                 stdout=out, stderr=err)
 
 
-def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location]:
+def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location, int]:
     """The README's command on ``example`` (copied into a user's project directory); once step 10 is committed, the
-    fault hits the node of a worker and a replacement node joins. Returns the summary, the console and the run's
-    root."""
+    fault hits the node of a worker and a replacement node joins. Returns the summary, the console, the run's root
+    and the newest step committed when the fault landed."""
     project, runs = tmp_path / "project", tmp_path / "runs"
     project.mkdir()
     script = "finetune.py" if example is hf_finetune else Path(example.__file__).name
@@ -59,6 +59,7 @@ def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Loc
         wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
                    "a checkpoint of step 10", project, driver)
         (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
+        committed_at_fault = list_committed(checkpoints_root(root))[0].step
         cluster.add_node()
         driver.wait(timeout=400)
     console = (project / "driver.log").read_text()
@@ -67,7 +68,7 @@ def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Loc
     assert summary["final_step"] == max_steps
     newest = list_committed(checkpoints_root(root))[0]
     assert newest.step == max_steps and newest.is_files
-    return summary, console, root
+    return summary, console, root, committed_at_fault
 
 
 def assert_resumed_at_the_notice(summary: dict, root: Location, *files: str) -> None:
@@ -81,7 +82,7 @@ def assert_resumed_at_the_notice(summary: dict, root: Location, *files: str) -> 
 
 def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
     assert_two_lines_as_in_readme(Path(hf_finetune.__file__))
-    summary, console, root = run_drill(tmp_path, "notice")
+    summary, console, root, _ = run_drill(tmp_path, "notice")
     assert_resumed_at_the_notice(summary, root, "files/rng_state_0.pth", "files/rng_state_1.pth",
                                  "files/model.safetensors")
     assert "PREEMPTION NOTICE at step" in console and "RESUMED from step" in console, console
@@ -90,12 +91,15 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
     assert status.returncode == 0 and "notice" in status.stdout and "goodput" in status.stdout, status.stdout
 
 
-def test_a_kill_costs_a_trainer_script_at_most_one_checkpoint_interval(tmp_path):
-    summary, _, root = run_drill(tmp_path, "kill")
+def test_a_kill_costs_a_trainer_script_the_steps_since_its_newest_committed_checkpoint(tmp_path):
+    """The Trainer's checkpoint uploads while the next steps train, so a kill during an upload also costs the steps
+    since the one before: under two intervals (the next save waits for the upload), as the README says."""
+    summary, _, root, committed_at_kill = run_drill(tmp_path, "kill")
     (event,) = summary["events"]
-    assert event["kind"] == "kill" and 0 <= event["lost_steps"] <= 10, event
+    assert event["kind"] == "kill" and 0 <= event["lost_steps"] < 2 * 10, event
     (first, second) = ledger.read_attempts(root.child("attempts"))
-    assert second.from_step >= 10 and second.from_step % 10 == 0, "resumed from a committed interval's step"
+    assert second.from_step >= committed_at_kill >= 10, "resumed from the newest checkpoint committed at the kill"
+    assert second.from_step % 10 == 0, "resumed from a committed interval's step"
 
 
 def assert_two_lines_as_in_readme(script: Path) -> None:
@@ -108,7 +112,7 @@ def assert_two_lines_as_in_readme(script: Path) -> None:
 
 
 def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
-    summary, console, root = run_drill(tmp_path, "notice", accelerate_loop)
+    summary, console, root, _ = run_drill(tmp_path, "notice", accelerate_loop)
     assert_resumed_at_the_notice(summary, root, "files/random_states_0.pkl", "files/random_states_1.pkl",
                                  "files/model.safetensors", "files/optimizer.bin")
     assert "MOVING ON from step" in console, "should_stop() ended the loop once the workers fit elsewhere"

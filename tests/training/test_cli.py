@@ -127,6 +127,7 @@ def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, data
 
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
 # test_user_task trains through the console script, in make test.
+@pytest.mark.e2e
 def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path):
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))
@@ -155,6 +156,7 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     assert "spotray INFO: step 8/8" in again.stderr, "--verbose shows the workers' lines"
 
 
+@pytest.mark.e2e
 def test_prepare_on_ray_prints_its_summary_and_verify_names_a_damaged_shard(spotray, image_env, tmp_path):
     lines = [json.dumps({"body": f"document {i} " + "spot ray " * (i % 17)}) for i in range(400)]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")

@@ -73,6 +73,7 @@ def test_one_and_two_workers_ddp_and_fsdp_report_the_same_val_loss_on_the_same_m
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.e2e
 def test_evaluation_leaves_training_bitwise_unchanged_and_a_resume_evaluates_no_step_twice(parallel,
                                                                                           split_dataset_url, tmp_path):
     on = ("checkpoint.keep_best=true", "checkpoint.keep_last=1", f"parallel={parallel}", *EVAL)

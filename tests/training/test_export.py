@@ -49,6 +49,7 @@ def tree_digest(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.e2e
 def test_exported_model_gives_the_trained_models_logits(fsdp_runs, name, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -76,6 +77,7 @@ def spotray_export(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_uncommitted_and_corrupted_steps_are_refused_in_one_line_and_the_run_is_untouched(fsdp_runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(_run_dir(fsdp_runs["gpt"]), run)

@@ -49,6 +49,7 @@ def runs(request, dataset_url, tmp_path_factory):
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.e2e
 def test_stop_and_resume_is_bitwise_identical(runs, parallel, dataset_url):
     cfg = hf_config(dataset_url, runs["root"] / "stopped", parallel, runs["arch"], f"parallel={parallel}")
     resumed = train(cfg)
@@ -114,6 +115,7 @@ def upload(directory, url: str, options) -> None:
 
 
 @pytest.mark.parametrize(("arch", "max_shard_size"), [("llama", "100KB"), ("gpt2", None)])
+@pytest.mark.e2e
 def test_pretrained_start_from_s3_under_fsdp_equals_from_pretrained_and_reads_only_each_ranks_part(
         arch, max_shard_size, dataset_url, s3_bucket, tmp_path):
     from transformers import AutoModelForCausalLM

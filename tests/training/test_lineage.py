@@ -40,6 +40,7 @@ def uninterrupted(dataset_url, tmp_path_factory):
 @pytest.mark.parametrize(("where", "workers", "keep_last", "save_async"), [
     ("local", 1, 1, False), ("local", 2, 2, False),
     ("local", 1, 1, True), ("s3", 1, 1, True)])
+@pytest.mark.e2e
 def test_a_run_resumed_below_an_unreadable_checkpoint_keeps_its_own_and_trains_to_the_end(
         where, workers, keep_last, save_async, uninterrupted, dataset_url, tmp_path, request):
     storage = ()
@@ -90,6 +91,7 @@ def run_with_a_set_aside_step(dataset_url, tmp_path_factory):
     return run_root(cfg)
 
 
+@pytest.mark.e2e
 def test_export_takes_the_lineages_newest_and_refuses_a_set_aside_step_saying_why(run_with_a_set_aside_step,
                                                                                    tmp_path):
     assert export(run_with_a_set_aside_step.url, str(tmp_path / "newest"))["step"] == 18

@@ -181,6 +181,7 @@ def test_min_chars_drops_short_documents_and_counts_them(tmp_path):
     assert index["removed"] == {"short": 2, "duplicates": 0, "bad_lines": 0}
 
 
+@pytest.mark.e2e
 def test_same_bytes_whatever_the_parallelism_on_ray(tmp_path, s3_bucket, ray_cluster):
     bucket_url, options = s3_bucket
     docs = documents(400)

@@ -44,6 +44,7 @@ def straight(dataset_url, tmp_path_factory):
 
 # DDP through Ray: the demo's test checks that a run resumed on Ray has the uninterrupted losses, in make test.
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.e2e
 def test_stop_at_20_and_resume_to_40_is_bitwise_identical(parallel, straight, dataset_url, tmp_path):
     first = RUN[parallel](make_config(dataset_url, str(tmp_path), "r", f"parallel={parallel}", "train.stop_at_step=20"))
     assert first["final_step"] == 20
@@ -63,6 +64,7 @@ def test_two_workers_match_one_worker_with_the_same_global_batch(straight):
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.e2e
 def test_elastic_resume_2_then_1_then_3_workers_consumes_every_sample_once(parallel, straight, dataset_url, tmp_path):
     """For FSDP this reshards: 2 parameter shards are read back as 1, then as 3."""
     ckpt, audit = str(tmp_path / "ckpt"), str(tmp_path / "audit")
@@ -87,6 +89,7 @@ def test_ray_keeps_no_checkpoint_state_that_a_storage_outage_could_fail(straight
 
 # 3.5 minutes on 2 cores. In make test: test_lineage's S3 case resumes exactly from async saves on S3, test_export
 # trains onto S3, and test_data reads batches from S3.
+@pytest.mark.e2e
 def test_everything_on_s3_resumes_exactly_with_async_saves(straight, s3_bucket, tmp_path):
     """Dataset, checkpoints and audit on a real S3 endpoint (moto on loopback); saves overlap training."""
     from spotray.data.prepare import prepare

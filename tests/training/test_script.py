@@ -75,6 +75,7 @@ def test_script_arguments_and_debug_need_a_script(capsys):
     assert "--debug: only with --script FILE" in one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.e2e
 def test_a_script_that_raises_at_import_ends_in_one_line_naming_the_rank_and_the_log(tmp_path):
     project = tmp_path / "project"
     project.mkdir()

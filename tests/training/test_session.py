@@ -69,6 +69,7 @@ def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> li
     return gathered
 
 
+@pytest.mark.e2e
 def test_files_reach_storage_once_before_the_marker_and_come_back_once_per_directory_never_cut_short(tmp_path):
     runs, raw = tmp_path / "runs", script_config(tmp_path / "runs")
     dirs = [str(tmp_path / f"node{r}" / "checkpoint-10") for r in range(2)]
@@ -146,6 +147,7 @@ def own_node_worker(rank: int, world_size: int, raw: dict, tmp: str, restore: bo
     return gathered
 
 
+@pytest.mark.e2e
 def test_a_node_takes_the_files_it_committed_from_its_own_disk_and_downloads_the_rest(tmp_path):
     """After a restart on the same nodes each reads from storage only what another node wrote, or what changed."""
     raw = script_config(tmp_path / "runs")

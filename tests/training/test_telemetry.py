@@ -43,6 +43,7 @@ def scrape_spotray_gauges(port: int) -> set[str]:
     return {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_spotray_")}
 
 
+@pytest.mark.e2e
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
     # priced nodes, as the demo's: the cost gauges are exported only where every node has a price
     priced = {"node": {"instance_type": "g5.xlarge", "capacity_type": "spot"},

@@ -87,6 +87,7 @@ class Run:
                 assert series(points) == pytest.approx(wanted, rel=1e-6), (tracker, name)
 
 
+@pytest.mark.e2e
 def test_two_attempts_make_one_tracker_run_each_with_one_point_per_step_of_the_lineage(tmp_path, mlflow_server):
     run = Run(tracked_config(tmp_path, mlflow_server.url), mlflow_server.url)
     console = io.StringIO()
@@ -141,6 +142,7 @@ def test_a_rerun_after_the_driver_failed_continues_the_same_tracker_runs_with_th
     assert len(list(run.tensorboard_dir.glob("events.out.tfevents.*"))) == 2
 
 
+@pytest.mark.e2e
 def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_tracker(tmp_path, mlflow_server):
     """As shown, with this module's MLflow server in place of the example's address."""
     commands = readme_example("tracking-example").replace("http://127.0.0.1:5000", mlflow_server.url)

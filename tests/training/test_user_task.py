@@ -47,6 +47,7 @@ def make_task(cfg):
 """
 
 
+@pytest.mark.e2e
 def test_the_readme_example_trains_the_user_task_through_ray(tmp_path):
     commands = readme_example("user-task-example")
     write_corpus(tmp_path / "corpus")
@@ -99,6 +100,7 @@ def imported_on_workers(run_dir: Path, project: Path) -> list[str]:
     return on_workers
 
 
+@pytest.mark.e2e
 def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_nothing(dataset_url, tmp_path):
     """A user's project with packages named like spotray's folders, run from its own directory: the task that
     exists only there trains on 2 workers, stops, and resumes bitwise; no worker imports it from anywhere else."""
@@ -137,6 +139,7 @@ def train(cfg: config.TrainConfig) -> dict:
     return launch.summarize(cfg, num_samples=0, root=loop.run_root(cfg))
 
 
+@pytest.mark.e2e
 def test_the_example_stopped_at_10_and_resumed_to_20_is_bitwise_identical(dataset_url, tmp_path):
     """Under FSDP: the blocks are sharded one by one. The token-dropout schedule is the task's extra state: were it
     not restored, the resumed steps would drop more tokens than the uninterrupted ones."""
@@ -211,6 +214,7 @@ def bad_task_runs(dataset_url, tmp_path_factory) -> dict[str, tuple[subprocess.C
 
 
 @pytest.mark.parametrize("task", BAD_TASKS)
+@pytest.mark.e2e
 def test_a_bad_model_task_stops_the_run_before_anything_is_written(task, bad_task_runs):
     proc, ckpt = bad_task_runs[task]
     assert proc.returncode == 2, proc.stderr[-4000:]
