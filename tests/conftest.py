@@ -45,8 +45,18 @@ def _listening_ports(pid: int) -> list[int]:
         return []
 
 
+# Ray's timings for every Ray process the tests start (which inherit this environment). A killed node is marked dead
+# after 5 failed health checks 3 s apart by default, and each kill drill waits for that: 1 s apart here (a check of a
+# node that is gone fails at once; one of a busy node waits out its own timeout, so it is not taken for dead). A head
+# unreachable for gcs_rpc_server_reconnect_timeout_s (60 s) ends its clients, and the head-loss drills wait for the
+# driver's watch at half of it: 20 s here.
+RAY_TIMINGS = {"RAY_health_check_period_ms": "1000", "RAY_gcs_rpc_server_reconnect_timeout_s": "20"}
+
+
 def pytest_sessionstart(session):
     os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+    for name, value in RAY_TIMINGS.items():
+        os.environ.setdefault(name, value)
 
 
 def pytest_runtest_logreport(report):
@@ -54,7 +64,7 @@ def pytest_runtest_logreport(report):
     folder = report.nodeid.split("::")[0].rsplit("/", 1)[0]
     by_folder = _SECONDS_BY_FOLDER.setdefault(folder, [0.0, 0])
     by_folder[0] += report.duration
-    by_folder[1] += report.when == "call"
+    by_folder[1] += report.when == "setup"  # once per test, skipped ones included
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -134,12 +134,12 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     except KeyboardInterrupt:
         if not head.lost:
             raise
-        raise ClusterLost(_cluster_lost(cfg, root, "its head stopped answering")) from None
+        raise _cluster_lost(cfg, root) from None
     except ray.exceptions.RayActorError as exc:  # Ray Train's controller is gone: with the head, or on its own
         if head.answers():
             raise TrainingFailed(f"training run '{cfg.run.name}' failed: Ray Train's controller stopped "
                                  f"({root_cause(exc)[:200]})") from exc
-        raise ClusterLost(_cluster_lost(cfg, root, "its head stopped answering")) from exc
+        raise _cluster_lost(cfg, root) from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         cause = root_cause(exc)
         failed_script = f"{script.ScriptFailed.__module__}.{script.ScriptFailed.__name__}: "
@@ -151,11 +151,11 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     return summary
 
 
-def _cluster_lost(cfg: TrainConfig, root: Location, why: str) -> str:
+def _cluster_lost(cfg: TrainConfig, root: Location) -> ClusterLost:
     committed = list_committed(checkpoints_root(root), warn=False)
     resume = f"step {committed[0].step}" if committed else "the start"
-    return (f"training run '{cfg.run.name}' lost its Ray cluster ({why}); run the same command again, on a new "
-            f"cluster if need be, to resume from {resume}")
+    return ClusterLost(f"training run '{cfg.run.name}' lost its Ray cluster (its head stopped answering); run the "
+                       f"same command again, on a new cluster if need be, to resume from {resume}")
 
 
 def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None,

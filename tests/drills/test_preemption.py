@@ -74,12 +74,6 @@ def attempts_and_last_steps(tmp_path, run_root=None) -> list[tuple[int, int]]:
             for a in ledger.read_attempts(root)]
 
 
-@pytest.fixture
-def cluster(tmp_path, s3_server):  # after the S3 server: its credentials reach every node
-    with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as c:
-        yield c
-
-
 def run_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, expected_kind: str,
               *extra: str) -> tuple[int, int]:
     """Train, call ``inject(victim)`` once step 20 is committed, add a replacement node, and check the run

@@ -44,7 +44,7 @@ def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, 
                                 stdout=out, stderr=err)
 
 
-def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location, int]:
+def run_drill(cluster: LocalCluster, tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location, int]:
     """The README's command on ``example`` (copied into a user's project directory); once step 10 is committed, the
     fault hits the node of a worker and a replacement node joins. Returns the summary, the console, the run's root
     and the newest step committed when the fault landed."""
@@ -54,14 +54,13 @@ def run_drill(tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Loc
     shutil.copy(example.__file__, project / script)  # the example as a user has it
     root = resolve(str(runs)).child("drill")
     max_steps = NOTICE_MAX_STEPS if fault == "notice" else MAX_STEPS
-    with LocalCluster(tmp_path / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        driver = start_script(project, runs, cluster, script, "--max-steps", str(max_steps))
-        wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
-                   "a checkpoint of step 10", project, driver)
-        (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
-        committed_at_fault = list_committed(checkpoints_root(root))[0].step
-        cluster.add_node()
-        driver.wait(timeout=400)
+    driver = start_script(project, runs, cluster, script, "--max-steps", str(max_steps))
+    wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
+               "a checkpoint of step 10", project, driver)
+    (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
+    committed_at_fault = list_committed(checkpoints_root(root))[0].step
+    cluster.add_node()
+    driver.wait(timeout=400)
     console = (project / "driver.log").read_text()
     assert driver.returncode == 0, console[-4000:]
     summary = json.loads((project / "summary.json").read_text())
@@ -80,9 +79,9 @@ def assert_resumed_at_the_notice(summary: dict, root: Location, *files: str) -> 
     assert set(files) <= set(newest.files), newest.files
 
 
-def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
+def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(cluster, tmp_path):
     assert_two_lines_as_in_readme(Path(hf_finetune.__file__))
-    summary, console, root, _ = run_drill(tmp_path, "notice")
+    summary, console, root, _ = run_drill(cluster, tmp_path, "notice")
     assert_resumed_at_the_notice(summary, root, "files/rng_state_0.pth", "files/rng_state_1.pth",
                                  "files/model.safetensors")
     assert "PREEMPTION NOTICE at step" in console and "RESUMED from step" in console, console
@@ -91,10 +90,10 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
     assert status.returncode == 0 and "notice" in status.stdout and "goodput" in status.stdout, status.stdout
 
 
-def test_a_kill_costs_a_trainer_script_the_steps_since_its_newest_committed_checkpoint(tmp_path):
+def test_a_kill_costs_a_trainer_script_the_steps_since_its_newest_committed_checkpoint(cluster, tmp_path):
     """The Trainer's checkpoint uploads while the next steps train, so a kill during an upload also costs the steps
     since the one before: under two intervals (the next save waits for the upload), as the README says."""
-    summary, _, root, committed_at_kill = run_drill(tmp_path, "kill")
+    summary, _, root, committed_at_kill = run_drill(cluster, tmp_path, "kill")
     (event,) = summary["events"]
     assert event["kind"] == "kill" and 0 <= event["lost_steps"] < 2 * 10, event
     (first, second) = ledger.read_attempts(root.child("attempts"))
@@ -111,8 +110,8 @@ def assert_two_lines_as_in_readme(script: Path) -> None:
         assert call in readme and call in code, call
 
 
-def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(tmp_path):
-    summary, console, root, _ = run_drill(tmp_path, "notice", accelerate_loop)
+def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(cluster, tmp_path):
+    summary, console, root, _ = run_drill(cluster, tmp_path, "notice", accelerate_loop)
     assert_resumed_at_the_notice(summary, root, "files/random_states_0.pkl", "files/random_states_1.pkl",
                                  "files/model.safetensors", "files/optimizer.bin")
     assert "MOVING ON from step" in console, "should_stop() ended the loop once the workers fit elsewhere"

@@ -98,7 +98,7 @@ def test_recovery_bench_times_a_notice_against_a_kill():
 
 @pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_goodput_bench_reports_both_variants_with_their_badput():
-    result = bench("goodput", "--steps", "600", "--rounds", "1")
+    result = bench("goodput", "--steps", "300", "--rounds", "1")
     (baseline,), (spotray,) = result["baseline"], result["spotray"]
     for drill in (baseline, spotray):
         assert [e["kind"] for e in drill["events"]] == ["notice", "kill"] == drill["injected"]

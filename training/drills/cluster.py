@@ -6,6 +6,7 @@ interruption notice) or SIGKILLed with everything it runs (a preemption without 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,28 @@ class LocalCluster:
         if wait:
             self._wait_for(node)
         return node
+
+    def settled(self, timeout_s: float = 60.0) -> bool:
+        """Whether, within ``timeout_s``, Ray lists as alive exactly the nodes whose processes run: a killed node is
+        noticed by Ray's health checks seconds later, a drained one leaves once drained. Asked of the dashboard over
+        HTTP, not from a driver of its own (see ``_wait_for``)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            running = sum(node.alive for node in self.nodes)
+            if self._alive_in_ray() == running:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _alive_in_ray(self) -> int | None:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.dashboard_port}/api/v0/nodes?limit=1000",
+                                         headers={"authorization": f"Bearer {self.auth_token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                nodes = json.load(response)["data"]["result"]["result"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return sum(node["state"] == "ALIVE" for node in nodes)
 
     def preempt_with_notice(self, node: Node) -> None:
         """What Kubernetes does to a pod of a spot node that got its interruption notice."""
