@@ -111,8 +111,7 @@ def train_config(workdir: Path, dataset_url: str) -> Path:
 
 def test_dashboards_have_data_and_rules_evaluate_on_a_real_prometheus(tmp_path, dataset_url):
     rules = rules_file(rule_groups(AlertThresholds()), tmp_path)
-    env = {"RAY_metrics_report_interval_ms": "1000"}  # Ray's default is 10 s, longer than this run
-    with LocalCluster(tmp_path / "ray", env=env).start(workers=2) as cluster:
+    with LocalCluster(tmp_path / "ray").start(workers=2) as cluster:  # reports metrics every second (conftest)
         prometheus = Prometheus(tmp_path, prometheus_config(cluster, rules))
         try:
             log = tmp_path / "train.log"

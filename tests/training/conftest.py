@@ -14,9 +14,6 @@ def ray_cluster(s3_server):
     import ray
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # notice a finished run sooner
-    # Ray's processes report metrics every 10 s by default, longer than the telemetry test's run after its first
-    # checkpoint: on a loaded machine its last gauges were never exported before the workers ended.
-    os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
     from spotray.ray_local import free_port, start_local_ray
 
     metrics_port = free_port()
