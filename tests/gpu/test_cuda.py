@@ -43,7 +43,7 @@ def _train_on_nccl(rank: int, world_size: int, port: int, cfg, out: dict) -> Non
 def nccl_run(cfg) -> dict:
     """``training.loop.train`` on one process per GPU, without Ray; rank 0's final metrics."""
     world_size = torch.cuda.device_count()
-    with mp.Manager() as manager:
+    with mp.get_context("spawn").Manager() as manager:  # never a fork of a process that may hold a Ray driver
         out = manager.dict()
         mp.spawn(_train_on_nccl, args=(world_size, free_port(), cfg, out), nprocs=world_size)
         return dict(out)

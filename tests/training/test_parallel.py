@@ -21,7 +21,9 @@ def _first_weights_after_wrapping(rank: int, port: int, sync_init: bool, out: di
 
 
 def _wrapped_weights(sync_init: bool) -> dict:
-    with mp.Manager() as manager:
+    # Spawned, not forked (Linux's default): a fork of this process, which may hold a Ray driver's gRPC channels,
+    # leaves them unanswered (Ray's state API then blocks for good).
+    with mp.get_context("spawn").Manager() as manager:
         out = manager.dict()
         mp.spawn(_first_weights_after_wrapping, args=(free_port(), sync_init, out), nprocs=2)
         return dict(out)

@@ -17,7 +17,7 @@ import yaml
 
 from spotray import config, demo, planner, planner_ledger
 from spotray.bench.common import machine, new_workdir
-from spotray.drills.cluster import LocalCluster
+from spotray.drills.cluster import ReusedCluster
 from spotray.errors import SpotrayError
 from spotray.loop import run_root
 
@@ -25,7 +25,7 @@ FAULTS_PER_RUN = (1.0, 2.0, 3.0)
 WITHIN = 0.05  # of goodput: the planner's prediction is good enough to plan by
 
 
-def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]]) -> Path:
+def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]], clusters: ReusedCluster) -> Path:
     """The demo's run with faults at ``plan``'s steps, a replacement node after each; returns the run's folder."""
     cfg = config.load(demo.demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={workdir}",
                                                 "run.name=drill", f"train.max_steps={steps}"])
@@ -33,16 +33,17 @@ def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]])
     Path(root.path).mkdir(parents=True, exist_ok=True)
     config_file = Path(root.path) / "config.yaml"
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    with LocalCluster(workdir / "ray-logs", drain_timeout_s=20).start(workers=2) as cluster:
-        injector = demo.FaultInjector(cluster, root.child("attempts"), plan).start()
-        try:
-            driver = subprocess.run([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
-                                    env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
-                                    stdout=subprocess.DEVNULL, timeout=1800)
-        finally:
-            injector.stop()
+    cluster = clusters.get()
+    injector = demo.FaultInjector(cluster, root.child("attempts"), plan).start()
+    try:
+        driver = subprocess.run([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
+                                env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
+                                stdout=subprocess.DEVNULL, timeout=1800)
+    finally:
+        injector.stop()
     if driver.returncode != 0:
-        raise SpotrayError(f"bench planner: a drill failed; Ray's logs are in {workdir / 'ray-logs'}")
+        clusters.discard()
+        raise SpotrayError(f"bench planner: a drill failed; Ray's logs are in {clusters.log_dir}")
     if len(injector.injected) != len(plan):
         raise SpotrayError(f"bench planner: injected {injector.injected}, planned {plan}")
     return Path(root.path)
@@ -66,15 +67,21 @@ def run(steps: int = 1800, faults_per_run: tuple[float, ...] = FAULTS_PER_RUN) -
         raise SpotrayError(f"bench planner: --steps {steps}: give at least 300 (a kill needs room to land and recover)")
     workdir = Path(new_workdir())
     data_url = demo.stdlib_corpus(str(workdir))
+    with ReusedCluster(workdir / "ray-logs") as clusters:
+        return _run(workdir, data_url, steps, faults_per_run, clusters)
+
+
+def _run(workdir: Path, data_url: str, steps: int, faults_per_run: tuple[float, ...], clusters: ReusedCluster) -> dict:
     calibration = planner_ledger.inputs_from_run(str(drill(workdir / "calibration", data_url, steps,
-                                                           [("kill", steps // 2)])))
+                                                           [("kill", steps // 2)], clusters)))
     times = {k: v for k, v in calibration.values.items() if k not in ("interruptions", "notice_share")}
     wall_per_step = times["step_s"] + times["overhead_s_per_step"]
     drills = []
     for seed, faults in enumerate(faults_per_run):
         plan = poisson_kills(faults / (steps * wall_per_step), wall_per_step, steps, seed)
         started = time.monotonic()
-        measured = planner_ledger.inputs_from_run(str(drill(workdir / f"rate-{seed}", data_url, steps, plan)))
+        measured = planner_ledger.inputs_from_run(str(drill(workdir / f"rate-{seed}", data_url, steps, plan,
+                                                            clusters)))
         predicted = next(p for p in planner.plan(planner.Inputs(**times, interruptions=len(plan)))
                          if p.nodes == times["nodes"][0] and p.capacity == "spot")
         drills.append({"planned_faults_per_run": faults, "kills": len(plan), "predicted_goodput": predicted.goodput,

@@ -3,9 +3,10 @@ spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the 
 ``--fault notice``: spotray alone, seconds from the fault to the first resumed step after a preemption notice
 against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``).
 
-Each drill: a head plus 2 worker nodes; once a checkpoint exists, a worker node is SIGKILLed; after a pause
-(Ray has noticed and waits for capacity) a replacement node starts; the clock runs from its start until a
-resumed step ends, as each job records it: nothing polls storage or the cluster while the clock runs.
+Each drill: a head plus 2 worker nodes (the cluster the previous drill left whole, or a new one); once a checkpoint
+exists, a worker node is SIGKILLed; after a pause (Ray has noticed and waits for capacity) a replacement node starts;
+the clock runs from its start until a resumed step ends, as each job records it: nothing polls storage or the
+cluster while the clock runs.
 Checkpoints go to each storage asked for: a local dir (shared by the local "nodes", which real nodes never are)
 and S3 (a moto server on loopback), where spot training keeps them."""
 
@@ -26,7 +27,7 @@ import yaml
 from spotray import config, goodput, ledger
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoint import checkpoints_root, list_committed
-from spotray.drills.cluster import LocalCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.loop import run_root
@@ -121,36 +122,37 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, kind: str,
-               gap_s: float) -> tuple[_Resumed, float, float]:
-    """Runs the job on a fresh cluster; once it has checkpointed, a worker node gets a notice or is killed
+def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, kind: str, gap_s: float,
+               clusters: ReusedCluster) -> tuple[_Resumed, float, float]:
+    """Runs the job on a whole cluster; once it has checkpointed, a worker node gets a notice or is killed
     (``kind``), and ``gap_s`` later a replacement node starts. Returns the resumed attempt, the fault's time and
     the replacement's (UNIX times)."""
     log = Path(workdir) / f"{cfg.run.name}.log"
-    with LocalCluster(Path(workdir) / f"ray-{cfg.run.name}", drain_timeout_s=20).start(workers=2) as cluster:
-        proc, checkpointed, resumed = start_job(cfg, cluster, log)
-        try:
-            _wait(checkpointed, proc, "a first checkpoint", log)
-            time.sleep(SETTLE_S)
-            fault_at = time.time()
-            (cluster.preempt_with_notice if kind == "notice" else cluster.kill)(cluster.nodes[-1])
-            time.sleep(gap_s)
-            back_at = time.time()  # the replacement machine is up and starts Ray
-            # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
-            cluster.add_node(wait=False)
-            proc.wait(timeout=600)
-        finally:
-            proc.kill()
+    cluster = clusters.get()
+    proc, checkpointed, resumed = start_job(cfg, cluster, log)
+    try:
+        _wait(checkpointed, proc, "a first checkpoint", log)
+        time.sleep(SETTLE_S)
+        fault_at = time.time()
+        (cluster.preempt_with_notice if kind == "notice" else cluster.kill)(cluster.nodes[-1])
+        time.sleep(gap_s)
+        back_at = time.time()  # the replacement machine is up and starts Ray
+        # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
+        cluster.add_node(wait=False)
+        proc.wait(timeout=600)
+    finally:
+        proc.kill()
     resumed_at = resumed() if proc.returncode == 0 else None
     if resumed_at is None:
+        clusters.discard()
         raise SpotrayError(f"recovery bench: {cfg.run.name} failed or never resumed; see {log}")
     return resumed_at, fault_at, back_at
 
 
-def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
+def _drill(start_job, cfg: config.TrainConfig, workdir: str, clusters: ReusedCluster) -> dict:
     """Seconds from the replacement node joining to the end of the first resumed step, split into Ray's part
     (until the train function starts) and the worker's."""
-    resumed_at, _, back_at = _interrupt(start_job, cfg, workdir, "kill", CAPACITY_GAP_S)
+    resumed_at, _, back_at = _interrupt(start_job, cfg, workdir, "kill", CAPACITY_GAP_S, clusters)
     return {"recovery_s": round(resumed_at.first_step_at - back_at, 2),
             "ray_s": round(resumed_at.entered_at - back_at, 2),
             "worker_s": round(resumed_at.first_step_at - resumed_at.entered_at, 2),
@@ -158,10 +160,10 @@ def _drill(start_job, cfg: config.TrainConfig, workdir: str) -> dict:
             "resumed_from": resumed_at.from_step}
 
 
-def _fault_drill(kind: str, cfg: config.TrainConfig, workdir: str) -> dict:
+def _fault_drill(kind: str, cfg: config.TrainConfig, workdir: str, clusters: ReusedCluster) -> dict:
     """Seconds from a notice (or a kill) of a worker node to the end of the first resumed step, with the
     replacement node starting at once."""
-    resumed_at, fault_at, _ = _interrupt(_spotray_job, cfg, workdir, kind, 0.0)
+    resumed_at, fault_at, _ = _interrupt(_spotray_job, cfg, workdir, kind, 0.0, clusters)
     return {"recovery_s": round(resumed_at.first_step_at - fault_at, 2), "resumed_from": resumed_at.from_step}
 
 
@@ -169,10 +171,11 @@ def _notice_against_kill(data_url: str, ckpt_url: str, endpoint: str | None, wor
                          rounds: int, every: int) -> dict:
     drills: dict[str, list[dict]] = {"notice": [], "kill": []}
     tag = "s3" if endpoint else "local"
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-        for kind, found in drills.items():
-            found.append(_fault_drill(kind, _config(data_url, ckpt_url, endpoint, f"{kind}-{tag}-{i}", preset,
-                                                    every), workdir))
+    with ReusedCluster(Path(workdir) / f"ray-{tag}") as clusters:
+        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
+            for kind, found in drills.items():
+                cfg = _config(data_url, ckpt_url, endpoint, f"{kind}-{tag}-{i}", preset, every)
+                found.append(_fault_drill(kind, cfg, workdir, clusters))
     notice, kill = drills["notice"], drills["kill"]
     return {**drills,
             "notice_minus_kill_s": round(_best(notice, "recovery_s") - _best(kill, "recovery_s"), 2),
@@ -202,10 +205,11 @@ def _compare(data_url: str, ckpt_url: str, endpoint: str | None, workdir: str, p
              every: int) -> dict:
     spotray, baseline = [], []
     tag = "s3" if endpoint else "local"
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
-            cfg = _config(data_url, ckpt_url, endpoint, f"{name}-{tag}-{i}", preset, every)
-            drills.append(_drill(job, cfg, workdir))
+    with ReusedCluster(Path(workdir) / f"ray-{tag}") as clusters:
+        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
+            for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
+                cfg = _config(data_url, ckpt_url, endpoint, f"{name}-{tag}-{i}", preset, every)
+                drills.append(_drill(job, cfg, workdir, clusters))
     return {
         "baseline": baseline, "spotray": spotray,
         "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),

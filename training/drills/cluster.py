@@ -169,6 +169,49 @@ class LocalCluster:
         raise SpotrayError(f"local Ray node {node.name} did not join ({waited}: {said}); logs in {self.log_dir}")
 
 
+class ReusedCluster:
+    """One local cluster for drills that each take a worker node away and start a replacement, which leaves it whole:
+    kept from one drill to the next while it is whole, replaced when it is not or when a drill failed on it (a
+    driver may still run there). Starting a cluster costs more than most drills' training."""
+
+    def __init__(self, log_dir: Path, workers: int = 2, drain_timeout_s: float = 20.0):
+        self.log_dir, self.workers, self.drain_timeout_s = log_dir, workers, drain_timeout_s
+        self._started = 0
+        self._current: LocalCluster | None = None
+
+    def get(self) -> LocalCluster:
+        if self._current and not self._whole(self._current):
+            self.discard()
+        if not self._current:
+            self._started += 1
+            self._current = LocalCluster(self.log_dir / str(self._started),
+                                         drain_timeout_s=self.drain_timeout_s).start(workers=self.workers)
+        return self._current
+
+    def discard(self) -> None:
+        if self._current:
+            self._current.stop()
+            self._current = None
+
+    def __enter__(self) -> ReusedCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.discard()
+
+    def _whole(self, cluster: LocalCluster) -> bool:
+        """The head and ``workers`` worker nodes run, and Ray lists just those as alive (a killed node is noticed
+        seconds later, a drained one leaves once drained): no drill's workers may be placed on a node that is gone."""
+        deadline = time.time() + cluster.drain_timeout_s + 10
+        while _workers_running(cluster) > self.workers and time.time() < deadline:
+            time.sleep(0.5)
+        return cluster.nodes[0].alive and _workers_running(cluster) == self.workers and cluster.settled()
+
+
+def _workers_running(cluster: LocalCluster) -> int:
+    return sum(node.alive for node in cluster.nodes[1:])
+
+
 def _descendants(pid: int) -> list[int]:
     """All processes below ``pid`` (Ray workers start their own sessions, so a process group is not enough)."""
     children: dict[int, list[int]] = {}
