@@ -7,6 +7,7 @@ another is killed without notice at two thirds; each time a replacement node joi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import yaml
 
 from spotray import config, goodput, ledger
 from spotray.data.prepare import prepare
-from spotray.drills.cluster import LocalCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster
 from spotray.errors import TrainingFailed
 from spotray.interval import nominal_every_steps
 from spotray.loop import run_root
@@ -78,7 +79,8 @@ class FaultInjector:
         return (status or {}).get("step") or 0
 
 
-def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
+def run(workdir: str, overrides: tuple[str, ...] = (), clusters: ReusedCluster | None = None) -> dict:
+    """``clusters``: where the cluster comes from when it may outlive this run (a bench's drills), else a new one."""
     data_url = stdlib_corpus(workdir)
     run_name = time.strftime("demo-%Y%m%d-%H%M%S")
     root_url = resolve(workdir).url
@@ -94,7 +96,8 @@ def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
     log_dir = Path(workdir) / "ray-logs" / run_name
     print(f"spotray demo: {steps} steps of a tiny GPT, DDP on 2 workers of a 3-node local Ray cluster; a preemption "
           f"notice near step {plan[0][1]}, a node killed near step {plan[1][1]}", file=sys.stderr, flush=True)
-    with LocalCluster(log_dir, drain_timeout_s=20).start(workers=2) as cluster:
+    with contextlib.nullcontext(clusters) if clusters else ReusedCluster(log_dir) as reused:
+        cluster = reused.get()
         injector = FaultInjector(cluster, run_root(cfg).child("attempts"), plan).start()
         try:
             # The driver is a process of its own, as in production: Ray reads its auth settings at import.
@@ -105,7 +108,8 @@ def run(workdir: str, overrides: tuple[str, ...] = ()) -> dict:
         finally:
             injector.stop()
     if driver.returncode != 0:
-        raise TrainingFailed(f"the demo run failed (exit {driver.returncode}); Ray's node logs are in {log_dir}")
+        raise TrainingFailed(f"the demo run failed (exit {driver.returncode}); Ray's node logs are in "
+                             f"{cluster.log_dir}")
     summary = json.loads(summary_file.read_text())
     summary["injected"] = [i["kind"] for i in injector.injected]
     summary["loss_curve_png"] = plot_losses(summary, str(run_dir / "loss_curve.png"))

@@ -63,14 +63,22 @@ class RecordWriter:
     def __init__(self):
         self._pending: dict[str, tuple[Location, str]] = {}
         self._cond = threading.Condition()
-        self._busy = False
+        self._busy = self._closed = self._running = False
         self.failing = False
-        threading.Thread(target=self._run, daemon=True, name="spotray-records").start()
+        with self._cond:
+            self._start()
 
     def put(self, location: Location, text: str) -> None:
         with self._cond:
             self._pending[location.url] = (location, text)
+            self._closed = False  # a record after close (a failure recorded late) is written all the same
+            if not self._running:
+                self._start()
             self._cond.notify_all()
+
+    def _start(self) -> None:
+        self._running = True
+        threading.Thread(target=self._run, daemon=True, name="spotray-records").start()
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything put so far is written; gives up at once while storage is failing."""
@@ -84,7 +92,8 @@ class RecordWriter:
             return not (self._pending or self._busy)
 
     def close(self, timeout_s: float) -> None:
-        """Everything written within ``timeout_s``, through an outage, or a StorageError."""
+        """Everything written within ``timeout_s``, through an outage, and the thread ended; or a StorageError (the
+        thread goes on trying)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._pending or self._busy:
@@ -93,12 +102,17 @@ class RecordWriter:
                     names = ", ".join(sorted(self._pending)) or "a record"
                     raise StorageError(f"could not write {names} within {timeout_s:g}s: storage is unreachable")
                 self._cond.wait(remaining)
+            self._closed = True
+            self._cond.notify_all()
 
     def _run(self) -> None:
         backoff = 0.5
         while True:
             with self._cond:
                 while not self._pending:
+                    if self._closed:
+                        self._running = False
+                        return
                     self._cond.wait()
                 url = next(iter(self._pending))
                 location, text = self._pending.pop(url)

@@ -36,3 +36,15 @@ def start_local_ray(num_cpus: int, **kwargs) -> None:
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
              dashboard_port=port, _node_ip_address="127.0.0.1", **kwargs)
+
+
+def join_or_start(num_cpus: int, **kwargs) -> bool:
+    """The cluster at ``RAY_ADDRESS`` when it is set, else a new local Ray of ``num_cpus``; nothing when this process
+    is connected already. True when it started a Ray here."""
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(**kwargs)
+        return False
+    start_local_ray(num_cpus, **kwargs)
+    return True

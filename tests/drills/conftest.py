@@ -1,6 +1,9 @@
 """The drills' shared local Ray cluster: a head and two worker nodes, kept from one drill to the next while it is
-whole (``ReusedCluster``). A drill kills or drains its last node and adds a replacement, which leaves it whole; a drill
-that fails may leave a driver running on it, so the next drill gets a new one."""
+whole (``ReusedCluster``). A drill kills or drains worker nodes and adds replacements, which leaves it whole; one that
+kills the head (the soak, the head-loss drill) replaces it through ``reused_clusters``, and the next drills get the
+new one; a drill that fails may leave a driver running on it, so the next drill gets a new one. It stops when the
+next test is not a drill (an idle cluster's processes would take CPU from every test after the drills), and starts
+again if a later drill needs it."""
 
 from __future__ import annotations
 
@@ -17,14 +20,23 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+_started: list[ReusedCluster] = []  # the session's, once a drill asked for it
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _started and (nextitem is None or nextitem.path.parent != item.path.parent):
+        _started[0].discard()
+
+
 @pytest.fixture(scope="session")
-def _reused(s3_server, tmp_path_factory):  # after the S3 server: its credentials reach every node
+def reused_clusters(s3_server, tmp_path_factory):  # after the S3 server: its credentials reach every node
     with ReusedCluster(tmp_path_factory.mktemp("ray-logs")) as reused:
+        _started.append(reused)
         yield reused
 
 
 @pytest.fixture
-def cluster(_reused, request):
-    yield _reused.get()
+def cluster(reused_clusters, request):
+    yield reused_clusters.get()
     if getattr(request.node, "drill_failed", False):
-        _reused.discard()
+        reused_clusters.discard()

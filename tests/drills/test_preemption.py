@@ -144,26 +144,27 @@ def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluste
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
 
 
-def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(dataset_url, tmp_path):
-    with LocalCluster(tmp_path / "ray-logs-1").start(workers=2) as first:
-        driver = start_training(dataset_url, tmp_path, first)
-        wait_for_checkpoint(tmp_path, 20, driver)
-        first.kill(first.nodes[0])  # the head, with its GCS
-        try:
-            driver.wait(timeout=180)  # the driver gives up; it does not reconnect forever
-        except subprocess.TimeoutExpired:
-            driver.kill()
-            pytest.fail("the driver kept running after the Ray head died")
-        assert driver.returncode != 0
-        console = (tmp_path / "driver.log").read_text()
-        errors = [line for line in console.splitlines() if "spotray: error" in line]
-        assert len(errors) == 1 and "training run 'drill' lost its Ray cluster" in errors[0], errors
-        assert "Traceback" not in console, "a lost head is one line; its traceback is in the log file"
-        resume_step = re.search(r"run the same command again.* to resume from step (\d+) \(the full log: .+\)$",
-                                errors[0])
-        assert resume_step and int(resume_step.group(1)) % 20 == 0, errors
-    with LocalCluster(tmp_path / "ray-logs-2").start(workers=2) as second:  # a RayJob retry: a new cluster
-        summary = finish(start_training(dataset_url, tmp_path, second), tmp_path)
+def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(cluster, reused_clusters, dataset_url,
+                                                                             tmp_path):
+    driver = start_training(dataset_url, tmp_path, cluster)
+    wait_for_checkpoint(tmp_path, 20, driver)
+    cluster.kill(cluster.nodes[0])  # the head, with its GCS
+    try:
+        driver.wait(timeout=180)  # the driver gives up; it does not reconnect forever
+    except subprocess.TimeoutExpired:
+        driver.kill()
+        pytest.fail("the driver kept running after the Ray head died")
+    assert driver.returncode != 0
+    console = (tmp_path / "driver.log").read_text()
+    errors = [line for line in console.splitlines() if "spotray: error" in line]
+    assert len(errors) == 1 and "training run 'drill' lost its Ray cluster" in errors[0], errors
+    assert "Traceback" not in console, "a lost head is one line; its traceback is in the log file"
+    resume_step = re.search(r"run the same command again.* to resume from step (\d+) \(the full log: .+\)$",
+                            errors[0])
+    assert resume_step and int(resume_step.group(1)) % 20 == 0, errors
+    reused_clusters.discard()  # what is left of the first cluster
+    second = reused_clusters.get()  # a RayJob retry: a new cluster (the next drills get it)
+    summary = finish(start_training(dataset_url, tmp_path, second), tmp_path)
     assert summary["final_step"] == MAX_STEPS
     assert summary["audit"]["exactly_once"], summary["audit"]
     history = attempts_and_last_steps(tmp_path)
@@ -171,14 +172,18 @@ def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(da
     assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
 
 
-def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(dataset_url, tmp_path):
-    with LocalCluster(tmp_path / "ray-logs").start(workers=0) as cluster:  # the head alone: no CPU for a worker
-        driver = start_training(dataset_url, tmp_path, cluster)
-        waiting = "spotray: WAITING for capacity: 2 workers of 1 CPU each"
-        wait_until(lambda: waiting in (tmp_path / "driver.log").read_text(), repr(waiting), tmp_path, driver)
-        cluster.add_node()
-        cluster.add_node()
-        summary = finish(driver, tmp_path)
+def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(cluster, dataset_url,
+                                                                                          tmp_path):
+    for node in cluster.nodes[1:]:  # the head alone, as Ray sees it: no CPU for a worker
+        if node.alive:
+            cluster.kill(node)
+    assert cluster.settled(), "Ray still lists a killed node as alive"
+    driver = start_training(dataset_url, tmp_path, cluster)
+    waiting = "spotray: WAITING for capacity: 2 workers of 1 CPU each"
+    wait_until(lambda: waiting in (tmp_path / "driver.log").read_text(), repr(waiting), tmp_path, driver)
+    cluster.add_node()
+    cluster.add_node()
+    summary = finish(driver, tmp_path)
     assert summary["final_step"] == MAX_STEPS and summary["audit"]["exactly_once"], summary["audit"]
     console = (tmp_path / "driver.log").read_text()
     assert_quiet_console(console, "the cluster has 0 CPU free and no node big enough for one worker")

@@ -15,7 +15,6 @@ import pytest
 
 from spotray.bench.prepare import train_bpe, write_corpus
 from spotray.data.prepare import prepare
-from spotray.drills.cluster import LocalCluster
 from tests.training.test_prepare import dataset_digests
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
@@ -49,17 +48,16 @@ def wait_for_chunks(out: Path, count: int, proc: subprocess.Popen, timeout_s: fl
     raise AssertionError(f"prepare did not finish {count} chunks while running: {proc.poll()=}")
 
 
-def test_a_worker_node_lost_mid_prepare_costs_only_its_chunks(corpus, tmp_path):
+def test_a_worker_node_lost_mid_prepare_costs_only_its_chunks(cluster, corpus, tmp_path):
     root, tokenizer = corpus
     out = tmp_path / "out"
-    with LocalCluster(tmp_path / "ray", cpus_per_node=1).start(workers=2) as cluster:
-        env = {**cluster.node_env(), "RAY_ADDRESS": cluster.address}
-        proc = subprocess.Popen(command(root, tokenizer, out), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        done = wait_for_chunks(out, 3, proc)
-        cluster.kill(cluster.nodes[1])
-        cluster.add_node(wait=False)
-        stdout, stderr = proc.communicate(timeout=600)
+    env = {**cluster.node_env(), "RAY_ADDRESS": cluster.address}
+    proc = subprocess.Popen(command(root, tokenizer, out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    done = wait_for_chunks(out, 3, proc)
+    cluster.kill(next(node for node in cluster.nodes[1:] if node.alive))  # the older of the two worker nodes
+    cluster.add_node(wait=False)
+    stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     assert done < len(list((root / "reference").glob("chunks/*/manifest.json")))
     assert dataset_digests(str(out)) == dataset_digests(str(root / "reference"))

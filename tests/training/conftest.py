@@ -23,6 +23,15 @@ def ray_cluster(s3_server):
 
 
 @pytest.fixture(scope="session")
+def ray_address(ray_cluster) -> str:
+    """The session's Ray, for a ``spotray`` subprocess whose test is not about starting a local Ray (a local start
+    and stop add about 14 s to such a run on 2 cores)."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+@pytest.fixture(scope="session")
 def split_dataset_url(tmp_path_factory) -> str:
     """The shared test corpus prepared with a validation split at ``<url>/val`` (a fifth of the documents)."""
     from spotray.data.prepare import prepare

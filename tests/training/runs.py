@@ -19,6 +19,7 @@ def train_locally(cfg: TrainConfig) -> dict:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The shell of someone who installed spotray: its scripts on PATH, and a local Ray rather than any cluster."""
+    """The shell of someone who installed spotray: its scripts on PATH, and a local Ray rather than any cluster
+    (unless ``extra`` names one in ``RAY_ADDRESS``)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", **extra}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,12 @@ import pytest
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
 
-def bench(*args: str, model: str = "tiny") -> dict:
+def bench(*args: str, model: str = "tiny", ray_address: str | None = None) -> dict:
+    """``ray_address``: a bench that trains through ``spotray train`` joins the session's Ray there rather than
+    starting one (what it runs is the same either way)."""
+    env = {**os.environ, **({"RAY_ADDRESS": ray_address} if ray_address else {})}
     proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["model"] == model and {"cpu_count", "torch", "date"} <= set(result["machine"])
@@ -29,18 +33,18 @@ def assert_ratios(result: dict, *keys: str) -> None:
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_checkpoint_bench_on_s3():
-    result = bench("checkpoint", "--storage", "s3", "--steps", "2")
+@pytest.mark.cluster  # a bench command
+def test_checkpoint_bench_on_s3(ray_address):
+    result = bench("checkpoint", "--storage", "s3", "--steps", "2", ray_address=ray_address)
     assert "local" not in result and result["repeats"] == 2
     s3 = result["s3"]
     assert {"checkpoint_mb", "sync_blocked_s", "async_blocked_s", "checkpoint_write_mb_s", "plain_copy_mb_s"} <= set(s3)
     assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_throughput_bench():
-    result = bench("throughput", "--steps", "3", "--rounds", "1")
+@pytest.mark.cluster  # a bench command
+def test_throughput_bench(ray_address):
+    result = bench("throughput", "--steps", "3", "--rounds", "1", ray_address=ray_address)
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
     assert_ratios(result, "step_time_ratio")
 
@@ -54,11 +58,12 @@ def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
         _bare_step_s(cfg)
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_throughput_bench_of_a_transformers_model():
+@pytest.mark.cluster  # a bench command
+def test_throughput_bench_of_a_transformers_model(ray_address):
     llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \
             '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256}'
-    result = bench("throughput", "--steps", "3", "--rounds", "1", "--hf-config", llama, model="hf:llama")
+    result = bench("throughput", "--steps", "3", "--rounds", "1", "--hf-config", llama, model="hf:llama",
+                   ray_address=ray_address)
     assert_ratios(result, "step_time_ratio")
 
 

@@ -9,8 +9,8 @@ from tests.training.test_bench import assert_ratios, bench
 
 
 @pytest.mark.cluster  # a bench command
-def test_tracking_bench():
-    result = bench("tracking", "--steps", "12", "--rounds", "1")
+def test_tracking_bench(ray_address):
+    result = bench("tracking", "--steps", "12", "--rounds", "1", ray_address=ray_address)
     assert {variant: len(seconds) for variant, seconds in result["step_s"].items()} == {
         "none": 1, "tracked": 1, "none_again": 1}
     assert_ratios(result, "tracked_over_none", "none_over_none")

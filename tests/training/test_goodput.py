@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import threading
+import time
 
 import pytest
 
@@ -99,6 +101,22 @@ def test_records_outlive_a_storage_outage_and_the_newest_version_wins(s3_server,
         proxy.restore()
         writer.close(timeout_s=60)
         assert location.read_text() == "new"
+
+
+def test_a_closed_writer_ends_its_thread_and_a_record_put_after_close_is_written_all_the_same(tmp_path):
+    def writer_threads() -> int:
+        return sum(thread.name == "spotray-records" for thread in threading.enumerate())
+
+    before, writer = writer_threads(), ledger.RecordWriter()
+    writer.put(resolve(str(tmp_path)).child("a.txt"), "a")
+    writer.close(timeout_s=10)
+    deadline = time.monotonic() + 10
+    while writer_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer_threads() == before  # many attempts in one process leave no thread behind
+    writer.put(resolve(str(tmp_path)).child("b.txt"), "b")  # a failure recorded after the attempt closed
+    writer.close(timeout_s=10)
+    assert (tmp_path / "a.txt").read_text() == "a" and (tmp_path / "b.txt").read_text() == "b"
 
 
 def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):

@@ -1,7 +1,8 @@
 """Exact resume, elastic resume and parallelism equivalence on 2 workers (CPU, gloo).
 
-DDP runs go through Ray Train, FSDP, single-worker and elastic runs through a bare process group: the loop is the
-same, and Ray's part (worker groups, restarts, storage) is covered without paying for it in every run."""
+DDP's stop and resume go through Ray Train; the uninterrupted references and the FSDP, single-worker and elastic runs
+through a bare process group: the loop is the same (bitwise, which the DDP resume checks), and Ray's part (worker
+groups, restarts, storage) is covered without paying for it in every run."""
 
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ def assert_losses_close(a: dict[int, float], b: dict[int, float], tol: float) ->
 
 @pytest.fixture(scope="module")
 def straight(dataset_url, tmp_path_factory):
-    """40 uninterrupted steps for each parallelism, and one with a single worker (same global batch)."""
+    """40 uninterrupted steps for each parallelism, and one with a single worker (same global batch), each on a bare
+    process group."""
     root = str(tmp_path_factory.mktemp("straight"))
     return {
-        "ddp": launch.run(make_config(dataset_url, root, "ddp", "parallel=ddp")),
+        "ddp": train_locally(make_config(dataset_url, root, "ddp", "parallel=ddp")),
         "fsdp": train_locally(make_config(dataset_url, root, "fsdp", "parallel=fsdp")),
         "ddp-1": train_locally(make_config(dataset_url, root, "ddp1", "scaling.num_workers=1")),
     }

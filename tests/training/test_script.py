@@ -15,9 +15,9 @@ from spotray.infra.cli import main
 from tests.training.runs import cli_env
 
 
-def spotray_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+def spotray_train(cwd: Path, ray_address: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args], cwd=cwd,
+                          env=cli_env(RAY_ADDRESS=ray_address), capture_output=True, text=True, timeout=300)
 
 
 def listing(root: Path) -> dict[str, int]:
@@ -76,12 +76,13 @@ def test_script_arguments_and_debug_need_a_script(capsys):
 
 
 @pytest.mark.e2e
-def test_a_script_that_raises_at_import_ends_in_one_line_naming_the_rank_and_the_log(tmp_path):
+def test_a_script_that_raises_at_import_ends_in_one_line_naming_the_rank_and_the_log(tmp_path, ray_address):
     project = tmp_path / "project"
     project.mkdir()
     (project / "finetune.py").write_text("import json\n\nraise KeyError('text')\n")
-    proc = spotray_train(project, "--script", "finetune.py", "--set", f"checkpoint.path={tmp_path / 'runs'}",
-                         "--set", "scaling.num_workers=1", "--set", "fault_tolerance.max_failures=0")
+    proc = spotray_train(project, ray_address, "--script", "finetune.py", "--set",
+                         f"checkpoint.path={tmp_path / 'runs'}", "--set", "scaling.num_workers=1", "--set",
+                         "fault_tolerance.max_failures=0")
     line = one_error_line(proc.stderr)
     assert proc.returncode == 2, proc.stderr[-3000:]
     log = line.split("(log: ")[1].rstrip(")")

@@ -101,7 +101,8 @@ def imported_on_workers(run_dir: Path, project: Path) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_nothing(dataset_url, tmp_path):
+def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_nothing(dataset_url, tmp_path,
+                                                                                       ray_address):
     """A user's project with packages named like spotray's folders, run from its own directory: the task that
     exists only there trains on 2 workers, stops, and resumes bitwise; no worker imports it from anywhere else."""
     project = write_project(tmp_path / "project")
@@ -114,7 +115,7 @@ def test_a_project_directory_ships_to_every_worker_of_every_attempt_and_shadows_
                 "train.global_batch_size=8", "--set", "train.max_steps=20", "--set", "checkpoint.every_steps=10",
                 "--json", *extra]
         proc = subprocess.run([str(Path(sys.executable).parent / "spotray"), "train", *args], cwd=project,
-                              env=cli_env(), capture_output=True, text=True, timeout=300)
+                              env=cli_env(RAY_ADDRESS=ray_address), capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(proc.stdout)
 

@@ -26,7 +26,7 @@ from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.launch import root_cause
 from spotray.loop import WorkerEnv, build_parts, run_root
-from spotray.ray_local import start_local_ray
+from spotray.ray_local import join_or_start
 from spotray.storage import resolve
 
 _CHUNK = 8 << 20
@@ -141,8 +141,7 @@ def run(storages: list[str], s3_endpoint: str | None = None, repeats: int = 3, p
         endpoint = None
         if "s3" in storages:  # the server starts before Ray, so the workers inherit its credentials
             endpoint = s3_endpoint or stack.enter_context(moto_server())
-        if not ray.is_initialized():
-            start_local_ray(max(os.cpu_count() or 1, 3), log_to_driver=False)
+        join_or_start(max(os.cpu_count() or 1, 3), log_to_driver=False)
         if "local" in storages:
             results["local"] = _measure(data_url, resolve(workdir).child("ckpt").url, None, workdir, repeats, preset)
         if endpoint:

@@ -12,6 +12,7 @@ import yaml
 
 from spotray import demo
 from spotray.bench.common import machine, new_workdir
+from spotray.drills.cluster import ReusedCluster
 
 DRILL_INTERRUPTIONS = 2  # the demo's notice and kill
 VARIANTS = {
@@ -23,20 +24,23 @@ VARIANTS = {
 def run(steps: int = 6000, rounds: int = 1) -> dict:
     """``steps``: the drill's length (6000 is about 5 minutes of training on 2 CPU cores)."""
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for _ in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-        for name, overrides in VARIANTS.items():
-            results[name].append(_drill(steps, overrides, results["baseline"]))
+    workdir = new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
+    with ReusedCluster(Path(workdir) / "ray-logs") as clusters:
+        for _ in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
+            for name, overrides in VARIANTS.items():
+                results[name].append(_drill(workdir, clusters, steps, overrides, results["baseline"]))
     best = {name: max(r["goodput"] for r in runs) for name, runs in results.items()}
     model = yaml.safe_load(Path(demo.demo_config_path()).read_text())["model"]["preset"]
     return {"machine": machine(), "model": model, "steps": steps, **results,
             "goodput_best": best, "goodput_gain": round(best["spotray"] - best["baseline"], 4)}
 
 
-def _drill(steps: int, overrides: tuple[str, ...], baselines: list[dict]) -> dict:
+def _drill(workdir: str, clusters: ReusedCluster, steps: int, overrides: tuple[str, ...],
+           baselines: list[dict]) -> dict:
     # Planned for the drill's own rate: the baseline's length, or else about a step per 50 ms.
     hours = (baselines[-1]["total_s"] if baselines else steps * 0.05) / 3600
     rate = f"fault_tolerance.expected_interruptions_per_hour={DRILL_INTERRUPTIONS / hours:.1f}"
-    summary = demo.run(new_workdir(), (f"train.max_steps={steps}", *overrides, rate))
+    summary = demo.run(workdir, (f"train.max_steps={steps}", *overrides, rate), clusters)
     return {"goodput": summary["goodput"], "total_s": summary["time"]["total_s"],
             "seconds": summary["time"]["seconds"], "lost_steps": summary["lost_steps"],
             "lost_steps_at_most": summary["lost_steps_at_most"],

@@ -6,13 +6,14 @@ corrupted before a kill.
 
 Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
 ``(n + 1) * gap`` steps. Checked and reported: the run finishes; its final parameters are bitwise those of the same
-run uninterrupted; every sample trained exactly once; each interruption lost at most its kind's bound of steps; the
-driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
-``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness caused, and no corrupted checkpoint
-is resumed from."""
+run uninterrupted (trained on a bare process group); every sample trained exactly once; each interruption lost at
+most its kind's bound of steps; the driver's memory and open files stay within bounds while it lives; the checkpoint
+folder never holds more than ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness
+caused, and no corrupted checkpoint is resumed from."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -23,11 +24,13 @@ from pathlib import Path
 
 import psutil
 
+from spotray import config
 from spotray import status as run_status
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoint import checkpoints_root, list_committed
-from spotray.drills.cluster import LocalCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster
 from spotray.drills.outage import OutageProxy
+from spotray.drills.process_group import train_on_process_group
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError, StorageError
 from spotray.storage import StorageOptions, resolve
@@ -85,7 +88,8 @@ class _Driver:
         return (self.workdir / "driver.log").read_text()[-3000:]
 
 
-def run(minutes: float = 20, seed: int = 0, faults: int = 10) -> dict:
+def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCluster | None = None) -> dict:
+    """``clusters``: where the clusters come from when they may outlive the soak (the drills'), else new ones."""
     if minutes <= 0 or faults < len(KINDS):
         raise SpotrayError(f"bench soak: --minutes must be positive and --faults at least {len(KINDS)}")
     kinds, started = schedule(seed, faults), time.time()
@@ -94,16 +98,16 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10) -> dict:
     max_steps = (len(kinds) + 1) * gap
     workdir = Path(new_workdir())
     data_url = bench_corpus(str(workdir))
-    with moto_server() as s3, OutageProxy(s3) as proxy:
+    given_or_own = contextlib.nullcontext(clusters) if clusters else ReusedCluster(workdir / "ray")
+    with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own as reused:
         ckpt = f"{create_bucket(s3)}/ckpt"
         root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
         base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",
                 f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
                 f"checkpoint.keep_last={KEEP_LAST}", "scaling.num_workers=2",
                 "fault_tolerance.preemption_check_every_steps=2", f"storage.endpoint_url={proxy.endpoint}"]
-        faults_done, most_held, cluster_logs = [], 0, workdir / "ray"
-        cluster = LocalCluster(cluster_logs / "0", drain_timeout_s=20).start(workers=2)
-        driver = _Driver(cluster, [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
+        faults_done, most_held = [], 0
+        driver = _Driver(reused.get(), [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
         try:
             driver.start()
             landing = random.Random(seed)
@@ -111,13 +115,13 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10) -> dict:
                 most_held = max(most_held, _wait_for_step(root, (i + 1) * gap, driver))
                 time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
                 driver.sample()
-                faults_done.append(_inject(kind, driver, root, proxy, cluster_logs / str(i + 1)))
-                cluster = driver.cluster
+                faults_done.append(_inject(kind, driver, root, proxy, reused))
             summary = _finish(driver)
             most_held = max(most_held, _held(root))
-            straight = _straight_run(driver.cluster, base, ckpt, workdir)
-        finally:
-            driver.cluster.stop()
+            straight = _straight_run(base, ckpt)
+        except BaseException:
+            reused.discard()  # a driver may still run there
+            raise
         status = run_status.gather(root.url, StorageOptions(endpoint_url=s3))
     report = _report(kinds, faults_done, summary, straight, status, driver.samples, most_held, max_steps, seed, minutes)
     return {**report, "wall_s": round(time.time() - started)}
@@ -153,7 +157,7 @@ def _held(root) -> int:
     return len([name for name in checkpoints_root(root).list_dir_names() if name.startswith("step_")])
 
 
-def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, next_logs: Path) -> dict:
+def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: ReusedCluster) -> dict:
     cluster, started = driver.cluster, time.time()
     workers = [node for node in cluster.nodes[1:] if node.alive]
     if kind == "notice":
@@ -177,8 +181,8 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, next_logs: Pat
     elif kind == "head":
         cluster.kill(cluster.nodes[0])
         driver.proc.wait(timeout=300)
-        cluster.stop()
-        driver.cluster = LocalCluster(next_logs, drain_timeout_s=20).start(workers=2)
+        clusters.discard()
+        driver.cluster = clusters.get()
         driver.start()
     else:  # outage
         proxy.cut()
@@ -208,13 +212,11 @@ def _finish(driver: _Driver, timeout_s: float = 1200) -> dict:
     return json.loads((driver.workdir / "summary.json").read_text())
 
 
-def _straight_run(cluster: LocalCluster, base: list[str], ckpt: str, workdir: Path) -> dict:
-    """The same run with no fault, on the same cluster, for the final parameters."""
-    out = workdir / "straight"
-    out.mkdir()
-    straight = _Driver(cluster, [*base, f"checkpoint.path={ckpt}-straight", f"run.name={RUN}"], out)
-    straight.start()
-    return _finish(straight)
+def _straight_run(base: list[str], ckpt: str) -> dict:
+    """The same run with no fault, on a bare process group of as many ranks (the loop is the same, bitwise), for
+    the final parameters."""
+    cfg = config.load(None, [*base, f"checkpoint.path={ckpt}-straight", f"run.name={RUN}"])
+    return train_on_process_group(cfg.to_dict(), cfg.scaling.num_workers)
 
 
 def _report(kinds, faults_done, summary, straight, status, samples, most_held, max_steps, seed, minutes) -> dict:

@@ -81,17 +81,9 @@ class RayExecutor:
 
 def _connect() -> bool:
     """Join the running Ray, or the cluster at RAY_ADDRESS, or start a local one; True if one was started here."""
-    import ray
+    from spotray.ray_local import join_or_start
 
-    if ray.is_initialized():
-        return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=False, logging_level=logging.WARNING)
-        return False
-    from spotray.ray_local import start_local_ray
-
-    start_local_ray(os.cpu_count() or 1, log_to_driver=False, logging_level=logging.WARNING)
-    return True
+    return join_or_start(os.cpu_count() or 1, log_to_driver=False, logging_level=logging.WARNING)
 
 
 def _run_job(fn: Callable, job, shared, tally) -> dict:
