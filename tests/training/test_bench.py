@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.training.runs import cli_env
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
@@ -18,7 +19,7 @@ SPOTRAY = Path(sys.executable).parent / "spotray"
 def bench(*args: str, model: str = "tiny", ray_address: str | None = None) -> dict:
     """``ray_address``: a bench that trains through ``spotray train`` joins the session's Ray there rather than
     starting one (what it runs is the same either way)."""
-    env = {**os.environ, **({"RAY_ADDRESS": ray_address} if ray_address else {})}
+    env = cli_env(**({"RAY_ADDRESS": ray_address} if ray_address else {}))
     proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
                           text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
