@@ -248,9 +248,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
-    p.add_argument("--fault", choices=["kill", "notice"], default="kill",
+    p.add_argument("--fault", choices=["kill", "notice", "both"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
-                        "or notice (spotray's recovery from a notice against from a kill, timed from the fault)")
+                        "notice (spotray's recovery from a notice against from a kill, timed from the fault), or both")
     p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
     p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
     p.add_argument("--rates", default="1,2,3",

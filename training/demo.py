@@ -7,7 +7,6 @@ another is killed without notice at two thirds; each time a replacement node joi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import yaml
 
 from spotray import config, goodput, ledger
 from spotray.data.prepare import prepare
-from spotray.drills.cluster import LocalCluster, ReusedCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.errors import TrainingFailed
 from spotray.interval import nominal_every_steps
 from spotray.loop import run_root
@@ -96,7 +95,7 @@ def run(workdir: str, overrides: tuple[str, ...] = (), clusters: ReusedCluster |
     log_dir = Path(workdir) / "ray-logs" / run_name
     print(f"spotray demo: {steps} steps of a tiny GPT, DDP on 2 workers of a 3-node local Ray cluster; a preemption "
           f"notice near step {plan[0][1]}, a node killed near step {plan[1][1]}", file=sys.stderr, flush=True)
-    with contextlib.nullcontext(clusters) if clusters else ReusedCluster(log_dir) as reused:
+    with given_or_own(clusters, log_dir) as reused:
         cluster = reused.get()
         injector = FaultInjector(cluster, run_root(cfg).child("attempts"), plan).start()
         try:

@@ -82,24 +82,19 @@ def test_export_bench():
 
 
 @pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_recovery_bench_on_local_storage():
+def test_recovery_bench_on_local_storage_against_ray_and_from_a_notice_against_a_kill():
     # 100-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
-    result = bench("recovery", "--storage", "local", "--rounds", "1", "--steps", "100")
+    result = bench("recovery", "--fault", "both", "--storage", "local", "--rounds", "1", "--steps", "100")
     local = result["local"]
     for side in ("baseline", "spotray"):
         (drill,) = local[side]
         assert drill["resumed_from"] >= 100 and drill["resumed_from"] % 100 == 0  # from a checkpoint
         assert_ratios(drill, "recovery_s", "ray_s", "worker_s")
     assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
-
-
-@pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_recovery_bench_times_a_notice_against_a_kill():
-    result = bench("recovery", "--fault", "notice", "--storage", "local", "--rounds", "1", "--steps", "100")
-    (notice,), (kill,) = result["local"]["notice"], result["local"]["kill"]
+    (notice,), (kill,) = local["notice"], local["kill"]
     assert notice["resumed_from"] > kill["resumed_from"] == 100  # the emergency checkpoint, the periodic one
     assert notice["recovery_s"] > 0 and kill["recovery_s"] > 0
-    assert result["local"]["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
+    assert local["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
 
 
 @pytest.mark.cluster  # a bench command: it starts its own Ray

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from spotray.drills import cluster as cluster_module
 from spotray.drills.cluster import LocalCluster, Node
 from spotray.errors import SpotrayError
 
@@ -38,3 +39,31 @@ def test_a_node_that_does_not_join_is_one_line_with_what_ray_start_said_last(tmp
             node.proc.kill()
     assert str(caught.value) == (f"local Ray node worker1 did not join ({waited}: Exception: The current node timed "
                                  f"out during startup.); logs in {tmp_path / 'logs'}")
+
+
+def fake_ray_whose_first_start_says(line: str, tmp_path, monkeypatch) -> None:
+    """A `ray start` that ends after ``line`` the first time and joins the second."""
+    script = tmp_path / "ray"
+    tried = tmp_path / "tried"
+    script.write_text(f"#!/bin/sh\nif [ ! -e {tried} ]; then touch {tried}; echo '{line}'; exit 1; fi\n"
+                      "echo 'Ray runtime started.'; exec sleep 60\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(cluster_module, "_RAY", str(script))
+
+
+def test_a_node_that_rays_start_up_wait_ended_is_started_again(tmp_path, monkeypatch):
+    fake_ray_whose_first_start_says("Exception: The current node timed out during startup. This could happen because "
+                                    "some of the raylet failed to startup or the GCS has become overloaded.",
+                                    tmp_path, monkeypatch)
+    with LocalCluster(tmp_path / "logs") as cluster:
+        cluster.log_dir.mkdir()
+        node = cluster.add_node()
+        assert node.alive and cluster.nodes == [node]
+        assert (tmp_path / "logs" / "worker0.log").read_text().count("\n") == 2, "both tries' output is kept"
+
+
+def test_a_node_that_fails_for_another_reason_is_not_started_again(tmp_path, monkeypatch):
+    fake_ray_whose_first_start_says("Exception: Version mismatch", tmp_path, monkeypatch)
+    with LocalCluster(tmp_path / "logs") as cluster, pytest.raises(SpotrayError, match="Version mismatch"):
+        cluster.log_dir.mkdir()
+        cluster.add_node()

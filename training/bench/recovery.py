@@ -1,7 +1,8 @@
 """``spotray bench recovery``: seconds from a replacement node joining to the first resumed training step, for
 spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the same kill drill and model.
 ``--fault notice``: spotray alone, seconds from the fault to the first resumed step after a preemption notice
-against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``).
+against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``). ``--fault both``:
+the two, one after the other on the same cluster.
 
 Each drill: a head plus 2 worker nodes (the cluster the previous drill left whole, or a new one); once a checkpoint
 exists, a worker node is SIGKILLed; after a pause (Ray has noticed and waits for capacity) a replacement node starts;
@@ -167,28 +168,43 @@ def _fault_drill(kind: str, cfg: config.TrainConfig, workdir: str, clusters: Reu
     return {"recovery_s": round(resumed_at.first_step_at - fault_at, 2), "resumed_from": resumed_at.from_step}
 
 
-def _notice_against_kill(data_url: str, ckpt_url: str, endpoint: str | None, workdir: str, preset: str,
-                         rounds: int, every: int) -> dict:
+def _notice_against_kill(cfg_for: Callable[[str], config.TrainConfig], workdir: str, rounds: int,
+                         clusters: ReusedCluster) -> dict:
     drills: dict[str, list[dict]] = {"notice": [], "kill": []}
-    tag = "s3" if endpoint else "local"
-    with ReusedCluster(Path(workdir) / f"ray-{tag}") as clusters:
-        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-            for kind, found in drills.items():
-                cfg = _config(data_url, ckpt_url, endpoint, f"{kind}-{tag}-{i}", preset, every)
-                found.append(_fault_drill(kind, cfg, workdir, clusters))
+    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
+        for kind, found in drills.items():
+            found.append(_fault_drill(kind, cfg_for(f"{kind}-{i}"), workdir, clusters))
     notice, kill = drills["notice"], drills["kill"]
     return {**drills,
             "notice_minus_kill_s": round(_best(notice, "recovery_s") - _best(kill, "recovery_s"), 2),
             "notice_minus_kill_s_median": round(_median(notice, "recovery_s") - _median(kill, "recovery_s"), 2)}
 
 
+def _compare(cfg_for: Callable[[str], config.TrainConfig], workdir: str, rounds: int,
+             clusters: ReusedCluster) -> dict:
+    spotray, baseline = [], []
+    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
+        for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
+            drills.append(_drill(job, cfg_for(f"{name}-{i}"), workdir, clusters))
+    return {
+        "baseline": baseline, "spotray": spotray,
+        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
+        "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
+        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
+    }
+
+
+COMPARISONS = {"kill": (_compare,), "notice": (_notice_against_kill,), "both": (_compare, _notice_against_kill)}
+
+
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
         every: int = 5, fault: str = "kill") -> dict:
+    """``fault="both"``: the kill and the notice comparisons on one corpus and one cluster per storage, their keys
+    side by side in each storage's result."""
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
-              **({"capacity_gap_s": CAPACITY_GAP_S} if fault == "kill" else {})}
-    compare = _compare if fault == "kill" else _notice_against_kill
+              **({"capacity_gap_s": CAPACITY_GAP_S} if _compare in COMPARISONS[fault] else {})}
     with contextlib.ExitStack() as stack:
         for storage in storages:
             endpoint = None
@@ -197,25 +213,17 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
                 ckpt_url = f"{create_bucket(endpoint)}/ckpt"
             else:
                 ckpt_url = f"{workdir}/ckpt"
-            result[storage] = compare(data_url, ckpt_url, endpoint, workdir, preset, rounds, every)
+            cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
+            with ReusedCluster(Path(workdir) / f"ray-{storage}") as clusters:
+                result[storage] = {key: value for compare in COMPARISONS[fault]
+                                   for key, value in compare(cfg_for, workdir, rounds, clusters).items()}
     return result
 
 
-def _compare(data_url: str, ckpt_url: str, endpoint: str | None, workdir: str, preset: str, rounds: int,
-             every: int) -> dict:
-    spotray, baseline = [], []
-    tag = "s3" if endpoint else "local"
-    with ReusedCluster(Path(workdir) / f"ray-{tag}") as clusters:
-        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-            for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
-                cfg = _config(data_url, ckpt_url, endpoint, f"{name}-{tag}-{i}", preset, every)
-                drills.append(_drill(job, cfg, workdir, clusters))
-    return {
-        "baseline": baseline, "spotray": spotray,
-        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
-        "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
-        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
-    }
+def _configs(data_url: str, ckpt_url: str, endpoint: str | None, storage: str, preset: str,
+             every: int) -> Callable[[str], config.TrainConfig]:
+    """The config of each drill on ``storage``, by the drill's name."""
+    return lambda name: _config(data_url, ckpt_url, endpoint, f"{name}-{storage}", preset, every)
 
 
 def _best(drills: list[dict], key: str) -> float:

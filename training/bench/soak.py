@@ -13,7 +13,6 @@ caused, and no corrupted checkpoint is resumed from."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import subprocess
@@ -28,7 +27,7 @@ from spotray import config
 from spotray import status as run_status
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoint import checkpoints_root, list_committed
-from spotray.drills.cluster import LocalCluster, ReusedCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.outage import OutageProxy
 from spotray.drills.process_group import train_on_process_group
 from spotray.drills.s3local import create_bucket, moto_server
@@ -98,8 +97,7 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
     max_steps = (len(kinds) + 1) * gap
     workdir = Path(new_workdir())
     data_url = bench_corpus(str(workdir))
-    given_or_own = contextlib.nullcontext(clusters) if clusters else ReusedCluster(workdir / "ray")
-    with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own as reused:
+    with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own(clusters, workdir / "ray") as reused:
         ckpt = f"{create_bucket(s3)}/ckpt"
         root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
         base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",

@@ -6,6 +6,7 @@ interruption notice) or SIGKILLed with everything it runs (a preemption without 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
 _STARTED = "Ray runtime started."  # what `ray start` logs once the GCS lists its node
+_START_TIMED_OUT = "The current node timed out during startup."  # what it says when its raylet exited first
 
 
 @dataclass
@@ -70,10 +72,9 @@ class LocalCluster:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         try:
-            self._wait_for(self._spawn("head", ["--head", f"--port={port}", "--num-cpus=0",
-                                                "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                                                f"--dashboard-port={self.dashboard_port}",
-                                                "--node-ip-address=127.0.0.1"]))
+            self._join("head", ["--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
+                                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                                "--node-ip-address=127.0.0.1"])
             for _ in range(workers):
                 self.add_node()
         except BaseException:
@@ -83,12 +84,9 @@ class LocalCluster:
 
     def add_node(self, wait: bool = True) -> Node:
         """``wait=False`` only starts the node: a benchmark must not spend the CPU it measures on probing for it."""
-        node = self._spawn(f"worker{len(self.nodes)}", [f"--address={self.address}",
-                                                        f"--num-cpus={self.cpus_per_node}",
-                                                        "--node-ip-address=127.0.0.1"])
-        if wait:
-            self._wait_for(node)
-        return node
+        name, args = f"worker{len(self.nodes)}", [f"--address={self.address}", f"--num-cpus={self.cpus_per_node}",
+                                                  "--node-ip-address=127.0.0.1"]
+        return self._join(name, args) if wait else self._spawn(name, args)
 
     def settled(self, timeout_s: float = 60.0) -> bool:
         """Whether, within ``timeout_s``, Ray lists as alive exactly the nodes whose processes run: a killed node is
@@ -138,8 +136,24 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def _join(self, name: str, args: list[str], tries: int = 3) -> Node:
+        """Starts a node and waits until it has joined, starting it again when Ray's start-up wait ended it. Ray 2.60
+        gives a node's dashboard agent a fixed 15 s to bind its port, then its raylet exits (not configurable); on a
+        loaded 2-core machine the agent's imports sometimes take longer. The kubelet restarts a pod whose raylet
+        exited; this does the same."""
+        node = self._spawn(name, args)
+        try:
+            self._wait_for(node)
+        except SpotrayError as error:
+            if tries == 1 or node.alive or _START_TIMED_OUT not in str(error):
+                raise
+            self.nodes.remove(node)
+            _kill_group_leftovers(node.proc.pid)  # its agents, still importing
+            return self._join(name, args, tries - 1)
+        return node
+
     def _spawn(self, name: str, args: list[str]) -> Node:
-        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the node
+        log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the node; keeps earlier tries
         # Real nodes have an address each; here every node's agent needs its own port, or a joining node's agent
         # spends seconds retrying the default one while the node comes up.
         metrics_port = free_port()
@@ -155,15 +169,14 @@ class LocalCluster:
         """Until ``node`` has joined: ``ray start`` says so once the GCS lists the node, and ends if it does not
         within Ray's own 30 s. Read from its log: probing the cluster with a driver of its own (a Python process and
         a job a probe) loaded a 2-core machine enough to make a starting raylet miss those 30 s."""
-        log = self.log_dir / f"{node.name}.log"
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if _STARTED in log.read_text(errors="replace"):
+            if _STARTED in _log(self.log_dir, node.name):
                 return
             if not node.alive:
                 break
             time.sleep(0.2)
-        said = next((line.strip() for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()),
+        said = next((line.strip() for line in reversed(_log(self.log_dir, node.name).splitlines()) if line.strip()),
                     "no output")
         waited = "`ray start` ended" if not node.alive else f"not in {timeout_s:.0f}s"
         raise SpotrayError(f"local Ray node {node.name} did not join ({waited}: {said}); logs in {self.log_dir}")
@@ -180,7 +193,7 @@ class ReusedCluster:
         self._current: LocalCluster | None = None
 
     def get(self) -> LocalCluster:
-        if self._current and not self._whole(self._current):
+        if self._current and not self._whole():
             self.discard()
         if not self._current:
             self._started += 1
@@ -199,13 +212,24 @@ class ReusedCluster:
     def __exit__(self, *exc) -> None:
         self.discard()
 
-    def _whole(self, cluster: LocalCluster) -> bool:
+    def _whole(self) -> bool:
         """The head and ``workers`` worker nodes run, and Ray lists just those as alive (a killed node is noticed
         seconds later, a drained one leaves once drained): no drill's workers may be placed on a node that is gone."""
+        cluster = self._current
+        assert cluster is not None
         deadline = time.time() + cluster.drain_timeout_s + 10
         while _workers_running(cluster) > self.workers and time.time() < deadline:
             time.sleep(0.5)
         return cluster.nodes[0].alive and _workers_running(cluster) == self.workers and cluster.settled()
+
+
+def given_or_own(clusters: ReusedCluster | None, log_dir: Path) -> contextlib.AbstractContextManager[ReusedCluster]:
+    """``clusters`` when a caller shares its own (and stops it), else one of this run's, stopped when it ends."""
+    return contextlib.nullcontext(clusters) if clusters else ReusedCluster(log_dir)
+
+
+def _log(log_dir: Path, name: str) -> str:
+    return (log_dir / f"{name}.log").read_text(errors="replace")
 
 
 def _workers_running(cluster: LocalCluster) -> int:
