@@ -109,7 +109,7 @@ def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster
 
 def test_storage_outage_during_saves_training_continues_and_no_partial_checkpoint_is_adopted(
         cluster, dataset_url, tmp_path, s3_server):
-    bucket, steps = create_bucket(s3_server), 600  # long enough to still be training when the outage ends
+    bucket, steps = create_bucket(s3_server), 300  # long enough to still be training when the outage ends
     with OutageProxy(s3_server) as proxy:
         root = resolve(f"{bucket}/ckpt", StorageOptions(endpoint_url=s3_server)).child("drill")
         driver = start_training(dataset_url, tmp_path, cluster, f"checkpoint.path={bucket}/ckpt",
