@@ -67,3 +67,18 @@ def test_a_node_that_fails_for_another_reason_is_not_started_again(tmp_path, mon
     with LocalCluster(tmp_path / "logs") as cluster, pytest.raises(SpotrayError, match="Version mismatch"):
         cluster.log_dir.mkdir()
         cluster.add_node()
+
+
+def test_no_node_gets_a_port_an_earlier_node_of_its_cluster_had(tmp_path, monkeypatch):
+    """The OS may hand a dead node's port to a new one; Ray's GCS would refuse the new node on its stale channel."""
+    fake_ray_whose_first_start_says("Ray runtime started.", tmp_path, monkeypatch)
+    offered = iter([41000, 41001, 41002, 41000, 41001, 41002, 41003, 41004, 41005])  # the OS reusing freed ports
+    monkeypatch.setattr(cluster_module, "free_port", lambda: next(offered))
+    with LocalCluster(tmp_path / "logs") as cluster:
+        cluster.log_dir.mkdir()
+        first, second = cluster.add_node(wait=False), cluster.add_node(wait=False)
+        assert ports_of(first) == {41000, 41001, 41002} and ports_of(second) == {41003, 41004, 41005}
+
+
+def ports_of(node: Node) -> set[int]:
+    return {int(arg.split("=")[1]) for arg in node.proc.args if "-port=" in arg}

@@ -55,6 +55,7 @@ class LocalCluster:
     # socket paths.
     temp_root: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     dashboard_port: int = field(default_factory=free_port)
+    ports: set[int] = field(default_factory=set)  # every port handed to a node of this cluster
 
     def node_env(self) -> dict:
         """Environment of every node and client of this cluster (token auth, fast drain/poll settings)."""
@@ -156,14 +157,24 @@ class LocalCluster:
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the node; keeps earlier tries
         # Real nodes have an address each; here every node's agent needs its own port, or a joining node's agent
         # spends seconds retrying the default one while the node comes up.
-        metrics_port = free_port()
-        args = [*args, f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={metrics_port}",
-                f"--temp-dir={self.temp_root}/{len(self.nodes)}"]
+        metrics_port = self._new_port()
+        args = [*args, f"--node-manager-port={self._new_port()}", f"--dashboard-agent-listen-port={self._new_port()}",
+                f"--metrics-export-port={metrics_port}", f"--temp-dir={self.temp_root}/{len(self.nodes)}"]
         proc = subprocess.Popen([_RAY, "start", "--block", "--disable-usage-stats", *args], env=self.node_env(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         node = Node(name, proc, metrics_port)
         self.nodes.append(node)
         return node
+
+    def _new_port(self) -> int:
+        """A free port that no earlier node of this cluster had. Every node here has the same address, and Ray's GCS
+        keeps its channel to a dead node's address and port, backing off after the refusals: a new node the OS gave
+        that port was refused on it at once, failed 5 health checks and was marked dead 9 s after it joined."""
+        port = free_port()
+        while port in self.ports:
+            port = free_port()
+        self.ports.add(port)
+        return port
 
     def _wait_for(self, node: Node, timeout_s: float = 90.0) -> None:
         """Until ``node`` has joined: ``ray start`` says so once the GCS lists the node, and ends if it does not
