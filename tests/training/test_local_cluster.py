@@ -4,6 +4,7 @@ join is one line naming what ``ray start`` said last."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -60,6 +61,19 @@ def test_a_node_that_rays_start_up_wait_ended_is_started_again(tmp_path, monkeyp
         node = cluster.add_node()
         assert node.alive and cluster.nodes == [node]
         assert (tmp_path / "logs" / "worker0.log").read_text().count("\n") == 2, "both tries' output is kept"
+
+
+def test_a_node_started_without_waiting_is_started_again_in_the_background(tmp_path, monkeypatch):
+    """A bench starts the replacement node and does not wait for it; Ray's start-up wait may still end it."""
+    fake_ray_whose_first_start_says("Exception: The current node timed out during startup.", tmp_path, monkeypatch)
+    with LocalCluster(tmp_path / "logs") as cluster:
+        cluster.log_dir.mkdir()
+        first = cluster.add_node(wait=False)
+        deadline = time.time() + 10
+        while (first in cluster.nodes or not cluster.nodes) and time.time() < deadline:
+            time.sleep(0.1)
+        assert [node.name for node in cluster.nodes] == ["worker0"] and cluster.nodes[0] is not first
+        assert cluster.nodes[0].alive and not first.alive
 
 
 def test_a_node_that_fails_for_another_reason_is_not_started_again(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class LocalCluster:
     temp_root: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     dashboard_port: int = field(default_factory=free_port)
     ports: set[int] = field(default_factory=set)  # every port handed to a node of this cluster
+    stopped: bool = False
 
     def node_env(self) -> dict:
         """Environment of every node and client of this cluster (token auth, fast drain/poll settings)."""
@@ -84,10 +86,16 @@ class LocalCluster:
         return self
 
     def add_node(self, wait: bool = True) -> Node:
-        """``wait=False`` only starts the node: a benchmark must not spend the CPU it measures on probing for it."""
+        """``wait=False`` returns the node as started, and a thread sees it join (restarting it as ``_join`` does)
+        by reading its log alone: a benchmark must not spend the CPU it measures on probing for it."""
         name, args = f"worker{len(self.nodes)}", [f"--address={self.address}", f"--num-cpus={self.cpus_per_node}",
                                                   "--node-ip-address=127.0.0.1"]
-        return self._join(name, args) if wait else self._spawn(name, args)
+        if wait:
+            return self._join(name, args)
+        node = self._spawn(name, args)
+        threading.Thread(target=self._joined_in_background, args=(node, args), daemon=True,
+                         name=f"join-{name}").start()
+        return node
 
     def settled(self, timeout_s: float = 60.0) -> bool:
         """Whether, within ``timeout_s``, Ray lists as alive exactly the nodes whose processes run: a killed node is
@@ -125,7 +133,8 @@ class LocalCluster:
         node.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        for node in reversed(self.nodes):
+        self.stopped = True
+        for node in reversed(list(self.nodes)):
             if node.alive:
                 self.kill(node)
             _kill_group_leftovers(node.proc.pid)
@@ -138,20 +147,30 @@ class LocalCluster:
         self.stop()
 
     def _join(self, name: str, args: list[str], tries: int = 3) -> Node:
-        """Starts a node and waits until it has joined, starting it again when Ray's start-up wait ended it. Ray 2.60
-        gives a node's dashboard agent a fixed 15 s to bind its port, then its raylet exits (not configurable); on a
-        loaded 2-core machine the agent's imports sometimes take longer. The kubelet restarts a pod whose raylet
-        exited; this does the same."""
-        node = self._spawn(name, args)
+        """Starts a node and waits until it has joined (``_joined``)."""
+        return self._joined(self._spawn(name, args), args, tries)
+
+    def _joined(self, node: Node, args: list[str], tries: int = 3) -> Node:
+        """Waits until ``node`` has joined, starting it again when Ray's start-up wait ended it. Ray 2.60 gives a
+        node's dashboard agent a fixed 15 s to bind its port, then its raylet exits (not configurable); on a loaded
+        2-core machine the agent's imports sometimes take longer. The kubelet restarts a pod whose raylet exited; this
+        does the same."""
         try:
             self._wait_for(node)
         except SpotrayError as error:
-            if tries == 1 or node.alive or _START_TIMED_OUT not in str(error):
+            if tries == 1 or node.alive or _START_TIMED_OUT not in str(error) or self.stopped:
                 raise
             self.nodes.remove(node)
             _kill_group_leftovers(node.proc.pid)  # its agents, still importing
-            return self._join(name, args, tries - 1)
+            return self._join(node.name, args, tries - 1)
         return node
+
+    def _joined_in_background(self, node: Node, args: list[str]) -> None:
+        try:
+            self._joined(node, args)
+        except SpotrayError as error:
+            if not self.stopped:  # a node stopped with its cluster did not fail to join
+                print(f"spotray: {error}", file=sys.stderr, flush=True)
 
     def _spawn(self, name: str, args: list[str]) -> Node:
         log = open(self.log_dir / f"{name}.log", "a")  # noqa: SIM115 - lives as long as the node; keeps earlier tries
@@ -164,6 +183,9 @@ class LocalCluster:
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         node = Node(name, proc, metrics_port)
         self.nodes.append(node)
+        if self.stopped:  # a background join's restart, after ``stop`` went through the nodes
+            self.kill(node)
+            raise SpotrayError(f"local Ray node {name}: its cluster was stopped")
         return node
 
     def _new_port(self) -> int:
