@@ -35,6 +35,13 @@ def reused_clusters(s3_server, tmp_path_factory):  # after the S3 server: its cr
         yield reused
 
 
+@pytest.fixture(scope="session")
+def demo_workdir(tmp_path_factory) -> str:
+    """A folder of the demo's runs, whose corpus (the standard library's source, 10 s to prepare) the first run
+    prepares and the later ones reuse."""
+    return str(tmp_path_factory.mktemp("demo"))
+
+
 @pytest.fixture
 def cluster(reused_clusters, request):
     yield reused_clusters.get()

@@ -34,12 +34,12 @@ SHORTER = {"train.max_steps": 150, "checkpoint.every_steps": 25, "train.log_ever
 
 
 @pytest.mark.cluster
-def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlflow_server):
+def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlflow_server, demo_workdir):
     trackers = {"tracking.mlflow.uri": mlflow_server.url, "tracking.mlflow.experiment": "demo",
                 "tracking.tensorboard.dir": str(tmp_path / "tb"), "tracking.wandb.project": "demo",
                 "tracking.wandb.mode": "offline"}
     overrides = [arg for key, value in {**SHORTER, **trackers}.items() for arg in ("--set", f"{key}={value}")]
-    assert main(["demo", "--workdir", str(tmp_path / "runs"), "--json", str(tmp_path / "demo.json"), *overrides]) == 0
+    assert main(["demo", "--workdir", demo_workdir, "--json", str(tmp_path / "demo.json"), *overrides]) == 0
     written = json.loads((tmp_path / "demo.json").read_text())
     assert written["injected"] == ["notice", "kill"]
     events = written["events"]
@@ -47,7 +47,7 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert events[0]["lost_steps"] == events[0]["lost_steps_at_most"] == 0  # exact after a committed notice
     assert 0 <= events[1]["lost_steps"] <= written["checkpoint_every_steps"] == 25
     assert events[1]["lost_steps_at_most"] == events[1]["lost_steps"] + 2 * 5 - 1  # two log intervals unwritten
-    attempts = resolve(str(tmp_path / "runs")).child(written["run_name"], "attempts")
+    attempts = resolve(demo_workdir).child(written["run_name"], "attempts")
     noticed = goodput.read_status(attempts, ledger.read_attempts(attempts)[0].attempt_id)
     assert noticed["moved_at"] is not None and noticed["drain_wait_s"] < 20  # not the 20 s drain deadline
     assert all(e["recovery_s"] > 0 for e in events)
@@ -64,9 +64,9 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step", "INTERRUPTED at step",
                          "loss curve: ")
     assert [line_kind(line) for line in err.splitlines()].count("recovery") == 3  # the move and two resumptions
-    assert_full_log(the_log(tmp_path / "runs" / written["run_name"], err), last_step=150)
+    run_root = Path(demo_workdir) / written["run_name"]
+    assert_full_log(the_log(run_root, err), last_step=150)
 
-    run_root = tmp_path / "runs" / written["run_name"]
     uninterrupted = _uninterrupted_losses(run_root, tmp_path / "straight")
     assert ledger.lineage_losses(attempts) == uninterrupted
     _assert_trackers_hold_one_uninterrupted_run(written, uninterrupted, mlflow_server.url, tmp_path / "tb", run_root)

@@ -128,7 +128,8 @@ def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, data
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
 # test_user_task trains through the console script, in make test.
 @pytest.mark.e2e
-def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path):
+def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path,
+                                                                                  ray_address):
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     prep = spotray("prepare", "--input", corpus, "--output", str(tmp_path / "data"))
     assert prep.returncode == 0, prep.stderr
@@ -150,7 +151,9 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     assert proc.stdout.startswith("spotray: done: cli at step 6") and "every sample exactly once: yes" in proc.stdout
     assert_full_log(the_log(tmp_path / "ckpt" / "cli", proc.stderr), last_step=6)
 
-    again = spotray("train", *run, "--set", "train.max_steps=8", "--verbose", "--json")
+    # On the session's Ray: starting a local one is what the run above checked.
+    again = subprocess.run([str(SPOTRAY), "train", *run, "--set", "train.max_steps=8", "--verbose", "--json"],
+                           capture_output=True, text=True, timeout=180, env={**image_env, "RAY_ADDRESS": ray_address})
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["final_step"] == 8, "--json keeps stdout pure JSON"
     assert "spotray INFO: step 8/8" in again.stderr, "--verbose shows the workers' lines"

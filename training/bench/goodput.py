@@ -12,7 +12,7 @@ import yaml
 
 from spotray import demo
 from spotray.bench.common import machine, new_workdir
-from spotray.drills.cluster import ReusedCluster
+from spotray.drills.cluster import ReusedCluster, given_or_own
 
 DRILL_INTERRUPTIONS = 2  # the demo's notice and kill
 VARIANTS = {
@@ -21,14 +21,16 @@ VARIANTS = {
 }
 
 
-def run(steps: int = 6000, rounds: int = 1) -> dict:
-    """``steps``: the drill's length (6000 is about 5 minutes of training on 2 CPU cores)."""
+def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = None, workdir: str | None = None) -> dict:
+    """``steps``: the drill's length (6000 is about 5 minutes of training on 2 CPU cores). ``clusters`` and
+    ``workdir``: a caller's cluster and a folder that may already hold the demo's corpus (the drills'), else new
+    ones."""
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    workdir = new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
-    with ReusedCluster(Path(workdir) / "ray-logs") as clusters:
+    workdir = workdir or new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
+    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
         for _ in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
             for name, overrides in VARIANTS.items():
-                results[name].append(_drill(workdir, clusters, steps, overrides, results["baseline"]))
+                results[name].append(_drill(workdir, reused, steps, overrides, results["baseline"]))
     best = {name: max(r["goodput"] for r in runs) for name, runs in results.items()}
     model = yaml.safe_load(Path(demo.demo_config_path()).read_text())["model"]["preset"]
     return {"machine": machine(), "model": model, "steps": steps, **results,

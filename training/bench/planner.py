@@ -17,7 +17,7 @@ import yaml
 
 from spotray import config, demo, planner, planner_ledger
 from spotray.bench.common import machine, new_workdir
-from spotray.drills.cluster import ReusedCluster
+from spotray.drills.cluster import ReusedCluster, given_or_own
 from spotray.errors import SpotrayError
 from spotray.loop import run_root
 
@@ -62,13 +62,16 @@ def poisson_kills(rate_per_s: float, wall_per_step_s: float, steps: int, seed: i
             plan.append(("kill", step))
 
 
-def run(steps: int = 1800, faults_per_run: tuple[float, ...] = FAULTS_PER_RUN) -> dict:
+def run(steps: int = 1800, faults_per_run: tuple[float, ...] = FAULTS_PER_RUN, clusters: ReusedCluster | None = None,
+        workdir: str | None = None) -> dict:
+    """``clusters`` and ``workdir``: a caller's cluster and a folder that may already hold the demo's corpus (the
+    drills'), else new ones."""
     if steps < 300:
         raise SpotrayError(f"bench planner: --steps {steps}: give at least 300 (a kill needs room to land and recover)")
-    workdir = Path(new_workdir())
-    data_url = demo.stdlib_corpus(str(workdir))
-    with ReusedCluster(workdir / "ray-logs") as clusters:
-        return _run(workdir, data_url, steps, faults_per_run, clusters)
+    workdir = workdir or new_workdir()
+    data_url = demo.stdlib_corpus(workdir)
+    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
+        return _run(Path(workdir), data_url, steps, faults_per_run, reused)
 
 
 def _run(workdir: Path, data_url: str, steps: int, faults_per_run: tuple[float, ...], clusters: ReusedCluster) -> dict:

@@ -28,7 +28,7 @@ import yaml
 from spotray import config, goodput, ledger
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoint import checkpoints_root, list_committed
-from spotray.drills.cluster import LocalCluster, ReusedCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.loop import run_root
@@ -198,9 +198,10 @@ COMPARISONS = {"kill": (_compare,), "notice": (_notice_against_kill,), "both": (
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
-        every: int = 5, fault: str = "kill") -> dict:
+        every: int = 5, fault: str = "kill", clusters: ReusedCluster | None = None) -> dict:
     """``fault="both"``: the kill and the notice comparisons on one corpus and one cluster per storage, their keys
-    side by side in each storage's result."""
+    side by side in each storage's result. ``clusters``: where the cluster comes from when it may outlive the bench
+    (the drills', whose nodes already hold ``s3_endpoint``'s credentials), else one of its own per storage."""
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
@@ -214,9 +215,9 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
             else:
                 ckpt_url = f"{workdir}/ckpt"
             cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
-            with ReusedCluster(Path(workdir) / f"ray-{storage}") as clusters:
+            with given_or_own(clusters, Path(workdir) / f"ray-{storage}") as reused:
                 result[storage] = {key: value for compare in COMPARISONS[fault]
-                                   for key, value in compare(cfg_for, workdir, rounds, clusters).items()}
+                                   for key, value in compare(cfg_for, workdir, rounds, reused).items()}
     return result
 
 

@@ -1,0 +1,54 @@
+"""The benches whose runs are fault drills (``spotray bench recovery``, ``goodput``, ``planner``) at their smallest
+size, as ``tests/training/test_bench.py`` runs the others: their JSON has its keys and its figures are in range. Here
+they run in this process on the drills' shared cluster, and the goodput and planner benches on the demo's corpus,
+which the demo's drill prepared: starting a cluster and preparing the corpus cost more than a drill's training."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.training.test_bench import assert_made_by, assert_ratios
+
+
+@pytest.mark.cluster
+def test_recovery_bench_on_local_storage_against_ray_and_from_a_notice_against_a_kill(reused_clusters):
+    from spotray.bench.recovery import run
+
+    # 100-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
+    result = run(["local"], preset="tiny", rounds=1, every=100, fault="both", clusters=reused_clusters)
+    assert_made_by(result, "tiny")
+    local = result["local"]
+    for side in ("baseline", "spotray"):
+        (drill,) = local[side]
+        assert drill["resumed_from"] >= 100 and drill["resumed_from"] % 100 == 0  # from a checkpoint
+        assert_ratios(drill, "recovery_s", "ray_s", "worker_s")
+    assert_ratios(local, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
+    (notice,), (kill,) = local["notice"], local["kill"]
+    assert notice["resumed_from"] > kill["resumed_from"] == 100  # the emergency checkpoint, the periodic one
+    assert notice["recovery_s"] > 0 and kill["recovery_s"] > 0
+    assert local["notice_minus_kill_s"] == round(notice["recovery_s"] - kill["recovery_s"], 2)
+
+
+@pytest.mark.cluster
+def test_goodput_bench_reports_both_variants_with_their_badput(reused_clusters, demo_workdir):
+    from spotray.bench.goodput import run
+
+    result = run(steps=300, rounds=1, clusters=reused_clusters, workdir=demo_workdir)
+    assert_made_by(result, "tiny")
+    (baseline,), (spotray,) = result["baseline"], result["spotray"]
+    for drill in (baseline, spotray):
+        assert [e["kind"] for e in drill["events"]] == ["notice", "kill"] == drill["injected"]
+        assert 0 < drill["goodput"] < 1 and drill["seconds"]["productive"] > 0
+    assert spotray["seconds"]["waiting"] < baseline["seconds"]["waiting"]  # it did not wait for the draining node
+    assert result["goodput_gain"] == round(result["goodput_best"]["spotray"] - result["goodput_best"]["baseline"], 4)
+
+
+@pytest.mark.cluster
+def test_planner_bench_compares_the_prediction_with_a_drill(reused_clusters, demo_workdir):
+    from spotray.bench.planner import run
+
+    result = run(steps=300, faults_per_run=(1.0,), clusters=reused_clusters, workdir=demo_workdir)
+    assert_made_by(result, "tiny")
+    (drill,) = result["drills"]
+    assert 0 < drill["predicted_goodput"] < 1 and 0 < drill["measured_goodput"] < 1
+    assert result["largest_gap"] == round(abs(drill["predicted_goodput"] - drill["measured_goodput"]), 4)
