@@ -144,34 +144,6 @@ def test_node_killed_without_notice_loses_at_most_one_checkpoint_interval(cluste
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
 
 
-def test_head_loss_ends_the_run_and_the_same_command_resumes_on_a_new_cluster(cluster, reused_clusters, dataset_url,
-                                                                             tmp_path):
-    driver = start_training(dataset_url, tmp_path, cluster)
-    wait_for_checkpoint(tmp_path, 20, driver)
-    cluster.kill(cluster.nodes[0])  # the head, with its GCS
-    try:
-        driver.wait(timeout=180)  # the driver gives up; it does not reconnect forever
-    except subprocess.TimeoutExpired:
-        driver.kill()
-        pytest.fail("the driver kept running after the Ray head died")
-    assert driver.returncode != 0
-    console = (tmp_path / "driver.log").read_text()
-    errors = [line for line in console.splitlines() if "spotray: error" in line]
-    assert len(errors) == 1 and "training run 'drill' lost its Ray cluster" in errors[0], errors
-    assert "Traceback" not in console, "a lost head is one line; its traceback is in the log file"
-    resume_step = re.search(r"run the same command again.* to resume from step (\d+) \(the full log: .+\)$",
-                            errors[0])
-    assert resume_step and int(resume_step.group(1)) % 20 == 0, errors
-    reused_clusters.discard()  # what is left of the first cluster
-    second = reused_clusters.get()  # a RayJob retry: a new cluster (the next drills get it)
-    summary = finish(start_training(dataset_url, tmp_path, second), tmp_path)
-    assert summary["final_step"] == MAX_STEPS
-    assert summary["audit"]["exactly_once"], summary["audit"]
-    history = attempts_and_last_steps(tmp_path)
-    (_, first_last), (second_from, _) = history[0], history[-1]
-    assert second_from % 20 == 0 and 0 <= first_last - second_from <= 20, history
-
-
 def test_a_run_without_nodes_for_its_workers_says_it_waits_once_and_trains_when_they_join(cluster, dataset_url,
                                                                                           tmp_path):
     for node in cluster.nodes[1:]:  # the head alone, as Ray sees it: no CPU for a worker

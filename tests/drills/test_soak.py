@@ -36,6 +36,26 @@ def test_each_check_fails_on_what_it_guards():
     assert not checks["corrupted_checkpoint_never_resumed"]
 
 
+def test_a_lost_heads_driver_must_end_in_one_line_naming_the_step_it_resumes_from():
+    line = ("spotray: error: training run 'soak' lost its Ray cluster (its head stopped answering); run the same "
+            "command again, on a new cluster if need be, to resume from step 40 (the full log: /runs/soak/train.log)")
+    head = {"kind": "head", "injected_s": 20.0, "exit": 1, "errors": [line], "traceback": False}
+    resumed = {"kind": "kill", "lost_steps": 5, "lost_steps_at_most": 6, "recovery_s": 30.0, "resumed_from": 40}
+
+    def said(**changed) -> bool:
+        run = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True}}
+        faults = [{**head, **changed}]
+        return soak_checks(run, {"param_sha256": "a"}, [resumed], faults, [], 4, 100)["head_loss_said_in_one_line"]
+
+    assert said()
+    assert not said(exit=0)
+    assert not said(traceback=True)
+    assert not said(errors=[line, line])
+    assert not said(errors=[line.replace("'soak'", "'other'")])
+    assert not said(errors=[line.replace("step 40", "step 45")])  # not a checkpoint's step
+    assert not said(errors=[line.split(" (the full log")[0]])
+
+
 @pytest.mark.cluster
 def test_a_run_survives_a_seeded_schedule_of_every_fault_bitwise_and_exactly_once(reused_clusters):
     from spotray.bench.soak import run

@@ -9,12 +9,14 @@ Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is commit
 run uninterrupted (trained on a bare process group); every sample trained exactly once; each interruption lost at
 most its kind's bound of steps; the driver's memory and open files stay within bounds while it lives; the checkpoint
 folder never holds more than ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness
-caused, and no corrupted checkpoint is resumed from."""
+caused; no corrupted checkpoint is resumed from; and the driver of a lost head ends with one line, which names the step
+that the same command resumes from."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +48,7 @@ STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3
 FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
 HELD_AT_MOST = KEEP_LAST + 1  # checkpoint folders in storage at any moment: keep_last and the one being written
 DRIVER_RSS_GROWTH_MB, DRIVER_FD_GROWTH = 200, 64
+HEAD_LOSS_ENDS_DRIVER_S = 180  # the driver's watch gives up on a dead head within this; it must not wait forever
 RUN = "soak"
 
 
@@ -66,6 +69,7 @@ class _Driver:
     workdir: Path
     proc: subprocess.Popen | None = None
     samples: list[tuple[int, float, int]] = field(default_factory=list)  # (pid, RSS MB, open files)
+    console_from: int = 0  # where this process's output starts in driver.log
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "spotray.cli", "train", "--summary-json", str(self.workdir / "summary.json"),
@@ -73,6 +77,7 @@ class _Driver:
         for arg in self.args:
             cmd += ["--set", arg]
         with open(self.workdir / "driver.log", "a") as log:
+            self.console_from = log.tell()
             self.proc = subprocess.Popen(cmd, env={**self.cluster.node_env(), "RAY_ADDRESS": self.cluster.address},
                                          stdout=log, stderr=subprocess.STDOUT)
 
@@ -85,6 +90,12 @@ class _Driver:
 
     def log_tail(self) -> str:
         return (self.workdir / "driver.log").read_text()[-3000:]
+
+    def console(self) -> str:
+        """What the current process printed."""
+        with open(self.workdir / "driver.log") as log:
+            log.seek(self.console_from)
+            return log.read()
 
 
 def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCluster | None = None) -> dict:
@@ -178,15 +189,28 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         driver.start()
     elif kind == "head":
         cluster.kill(cluster.nodes[0])
-        driver.proc.wait(timeout=300)
+        try:
+            driver.proc.wait(timeout=HEAD_LOSS_ENDS_DRIVER_S)
+        except subprocess.TimeoutExpired:
+            driver.proc.kill()
+            raise SpotrayError(f"bench soak: the driver kept running {HEAD_LOSS_ENDS_DRIVER_S} s after the Ray head "
+                               f"died:\n{driver.log_tail()}") from None
+        ended = {"exit": driver.proc.returncode, **_said(driver.console())}
         clusters.discard()
-        driver.cluster = clusters.get()
+        driver.cluster = clusters.get()  # a RayJob retry: a new cluster, the same command
         driver.start()
+        return {"kind": kind, "injected_s": round(time.time() - started, 1), **ended}
     else:  # outage
         proxy.cut()
         time.sleep(OUTAGE_S)
         proxy.restore()
     return {"kind": kind, "injected_s": round(time.time() - started, 1)}
+
+
+def _said(console: str) -> dict:
+    """A driver's console, as the head-loss check reads it: its error lines, and whether a traceback reached it."""
+    return {"errors": [line for line in console.splitlines() if "spotray: error" in line],
+            "traceback": "Traceback" in console}
 
 
 def _corrupt_newest(root) -> int:
@@ -250,7 +274,16 @@ def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[
         "storage_within_retention": most_held <= HELD_AT_MOST,
         "status_agrees": len(events) == len(restarts)
         and sum(e["kind"] == "notice" for e in events) == restarts.count("notice"),
+        "head_loss_said_in_one_line": all(_head_loss_said(fault) for fault in faults if fault["kind"] == "head"),
     }
+
+
+def _head_loss_said(fault: dict) -> bool:
+    """The driver of a lost head failed with one line, no traceback, naming the run and the committed checkpoint's
+    step that the same command resumes from."""
+    resume = re.search(rf"training run '{RUN}' lost its Ray cluster.*run the same command again.* to resume from step "
+                       r"(\d+) \(the full log: .+\)$", fault["errors"][0]) if len(fault["errors"]) == 1 else None
+    return fault["exit"] != 0 and not fault["traceback"] and resume is not None and int(resume.group(1)) % EVERY == 0
 
 
 def _driver_bounded(samples: list[tuple[int, float, int]]) -> bool:
