@@ -16,24 +16,52 @@ def test_the_schedule_has_every_kind_at_least_once_and_is_the_same_for_a_seed():
     assert len({tuple(schedule(seed, 12)) for seed in range(20)}) > 1
 
 
+RUN = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True},
+       "losses": {str(step): 1.0 for step in range(1, 101)}}
+SAVES = {"failed": [60], "committed": [80, 90, 100]}  # a save failed in the outage; those kept at the end
+
+
 def test_each_check_fails_on_what_it_guards():
-    run = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True}}
+    run = RUN
     events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
-    faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0}]
-    good = soak_checks(run, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100)
+    faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0, "committed_during": [50]}]
+    good = soak_checks(run, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100, SAVES)
     assert all(good.values())
-    assert not soak_checks(run, {"param_sha256": "b"}, events, faults, [], 4, 100)["bitwise_equal_to_uninterrupted"]
+    assert not soak_checks(run, {"param_sha256": "b"}, events, faults, [], 4, 100, SAVES)[
+        "bitwise_equal_to_uninterrupted"]
     over = [{**events[0], "lost_steps": LOST_AT_MOST["kill"] + 1}]
-    assert not soak_checks(run, {"param_sha256": "a"}, over, faults, [], 4, 100)["lost_steps_within_bounds"]
+    assert not soak_checks(run, {"param_sha256": "a"}, over, faults, [], 4, 100, SAVES)["lost_steps_within_bounds"]
     grown = [(1, 100.0, 20), (1, 400.0, 20)]
-    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, grown, 4, 100)["driver_memory_and_files_bounded"]
-    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100)[
+    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, grown, 4, 100, SAVES)[
+        "driver_memory_and_files_bounded"]
+    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100, SAVES)[
         "storage_within_retention"]
-    assert not soak_checks(run, {"param_sha256": "a"}, [], faults, [], 4, 100)["status_agrees"]
+    assert not soak_checks(run, {"param_sha256": "a"}, [], faults, [], 4, 100, SAVES)["status_agrees"]
     corrupt = [{"kind": "corrupt", "injected_s": 0.1, "corrupted_step": 90}]
     resumed = [{**events[0], "resumed_from": 90}]
-    checks = soak_checks(run, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100)
+    checks = soak_checks(run, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100, SAVES)
     assert not checks["corrupted_checkpoint_never_resumed"]
+    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], 4, 100, {**SAVES, "committed": [80, 90]})[
+        "finished"]
+    gap = {**run, "losses": {step: loss for step, loss in run["losses"].items() if step != "37"}}
+    assert not soak_checks(gap, {"param_sha256": "a"}, events, faults, [], 4, 100, SAVES)["loss_log_complete"]
+
+
+def test_saves_must_fail_in_an_outage_and_none_be_committed_unless_trained_again():
+    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
+
+    def held(failed: list[int], committed_during: list[int], committed: list[int]) -> bool:
+        faults = [{"kind": "kill", "injected_s": 0.1},
+                  {"kind": "outage", "injected_s": 5.0, "committed_during": committed_during}]
+        saves = {"failed": failed, "committed": committed}
+        return soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], 4, 100, saves)[
+            "outage_saves_failed_and_never_adopted"]
+
+    assert held([60], [50], [80, 90, 100])
+    assert not held([], [50], [80, 90, 100])  # the outage failed no save: it did not test anything
+    assert not held([60], [50, 60], [80, 90, 100])  # committed while storage was cut off
+    assert not held([70], [50], [70, 90, 100])  # committed later, and no restart trained step 70 again
+    assert held([90], [50], [80, 90, 100])  # saved again after the restart from step 80 trained it again
 
 
 def test_a_lost_heads_driver_must_end_in_one_line_naming_the_step_it_resumes_from():
@@ -43,9 +71,8 @@ def test_a_lost_heads_driver_must_end_in_one_line_naming_the_step_it_resumes_fro
     resumed = {"kind": "kill", "lost_steps": 5, "lost_steps_at_most": 6, "recovery_s": 30.0, "resumed_from": 40}
 
     def said(**changed) -> bool:
-        run = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True}}
-        faults = [{**head, **changed}]
-        return soak_checks(run, {"param_sha256": "a"}, [resumed], faults, [], 4, 100)["head_loss_said_in_one_line"]
+        return soak_checks(RUN, {"param_sha256": "a"}, [resumed], [{**head, **changed}], [], 4, 100, SAVES)[
+            "head_loss_said_in_one_line"]
 
     assert said()
     assert not said(exit=0)

@@ -9,8 +9,9 @@ Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is commit
 run uninterrupted (trained on a bare process group); every sample trained exactly once; each interruption lost at
 most its kind's bound of steps; the driver's memory and open files stay within bounds while it lives; the checkpoint
 folder never holds more than ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness
-caused; no corrupted checkpoint is resumed from; and the driver of a lost head ends with one line, which names the step
-that the same command resumes from."""
+caused; no corrupted checkpoint is resumed from; the driver of a lost head ends with one line, which names the step
+that the same command resumes from; saves fail in a storage outage and none of them is ever committed; and the loss log
+holds every step."""
 
 from __future__ import annotations
 
@@ -127,12 +128,14 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
                 faults_done.append(_inject(kind, driver, root, proxy, reused))
             summary = _finish(driver)
             most_held = max(most_held, _held(root))
+            saves = {"failed": _failed_saves(driver), "committed": [c.step for c in _committed(root)]}
             straight = _straight_run(base, ckpt)
         except BaseException:
             reused.discard()  # a driver may still run there
             raise
         status = run_status.gather(root.url, StorageOptions(endpoint_url=s3))
-    report = _report(kinds, faults_done, summary, straight, status, driver.samples, most_held, max_steps, seed, minutes)
+    report = _report(kinds, faults_done, summary, straight, status, driver.samples, most_held, max_steps, seed, minutes,
+                     saves)
     return {**report, "wall_s": round(time.time() - started)}
 
 
@@ -203,7 +206,9 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
     else:  # outage
         proxy.cut()
         time.sleep(OUTAGE_S)
+        committed = [c.step for c in _committed(root)]  # read past the cut link
         proxy.restore()
+        return {"kind": kind, "injected_s": round(time.time() - started, 1), "committed_during": committed}
     return {"kind": kind, "injected_s": round(time.time() - started, 1)}
 
 
@@ -241,13 +246,14 @@ def _straight_run(base: list[str], ckpt: str) -> dict:
     return train_on_process_group(cfg.to_dict(), cfg.scaling.num_workers)
 
 
-def _report(kinds, faults_done, summary, straight, status, samples, most_held, max_steps, seed, minutes) -> dict:
+def _report(kinds, faults_done, summary, straight, status, samples, most_held, max_steps, seed, minutes,
+            saves) -> dict:
     events = status["interruptions"]
     restarts = [fault for fault in faults_done if fault["kind"] in RESTARTS]
     per_fault = [{**fault, "lost_steps": event["lost_steps"], "lost_steps_at_most": event["lost_steps_at_most"],
                   "recovery_s": event["recovery_s"], "bound": LOST_AT_MOST[fault["kind"]]}
                  for fault, event in zip(restarts, events, strict=False)]
-    checks = soak_checks(summary, straight, events, faults_done, samples, most_held, max_steps)
+    checks = soak_checks(summary, straight, events, faults_done, samples, most_held, max_steps, saves)
     return {"machine": machine(), "minutes": minutes, "seed": seed, "max_steps": max_steps, "every": EVERY,
             "keep_last": KEEP_LAST, "schedule": kinds, "checks": checks, "passed": all(checks.values()),
             "faults": per_fault + [f for f in faults_done if f["kind"] not in RESTARTS],
@@ -257,11 +263,15 @@ def _report(kinds, faults_done, summary, straight, status, samples, most_held, m
 
 
 def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[dict],
-                samples: list[tuple[int, float, int]], most_held: int, max_steps: int) -> dict[str, bool]:
-    """Each of the soak's checks; ``events`` are ``spotray status``'s interruptions, ``faults`` the harness's."""
+                samples: list[tuple[int, float, int]], most_held: int, max_steps: int,
+                saves: dict[str, list[int]]) -> dict[str, bool]:
+    """Each of the soak's checks; ``events`` are ``spotray status``'s interruptions, ``faults`` the harness's,
+    ``saves`` the steps whose save failed (the driver said so) and those committed at the end."""
     restarts = [fault["kind"] for fault in faults if fault["kind"] in RESTARTS]
     return {
-        "finished": summary["final_step"] == max_steps,
+        "finished": summary["final_step"] == max_steps and max_steps in saves["committed"],
+        "loss_log_complete": set(map(int, summary["losses"])) == set(range(1, max_steps + 1)),
+        "outage_saves_failed_and_never_adopted": _outage_saves_held(faults, events, saves),
         "bitwise_equal_to_uninterrupted": summary["param_sha256"] == straight["param_sha256"],
         "exactly_once": bool(summary["audit"]["exactly_once"]),
         "lost_steps_within_bounds": all(event["lost_steps"] <= LOST_AT_MOST[kind]
@@ -276,6 +286,21 @@ def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[
         and sum(e["kind"] == "notice" for e in events) == restarts.count("notice"),
         "head_loss_said_in_one_line": all(_head_loss_said(fault) for fault in faults if fault["kind"] == "head"),
     }
+
+
+def _outage_saves_held(faults: list[dict], events: list[dict], saves: dict[str, list[int]]) -> bool:
+    """Saves failed in an outage, and none of their steps was committed then, or later unless a restart went back
+    below it (and trained it again)."""
+    outages = [fault for fault in faults if fault["kind"] == "outage"]
+    during = set().union(*(fault["committed_during"] for fault in outages))
+    retrained_below = min((event["resumed_from"] for event in events), default=None)
+    later = {step for step in saves["committed"] if retrained_below is None or step <= retrained_below}
+    return not outages or (bool(saves["failed"]) and not (during | later) & set(saves["failed"]))
+
+
+def _failed_saves(driver: _Driver) -> list[int]:
+    return sorted({int(step) for step in re.findall(r"checkpoint of step (\d+) failed",
+                                                     (driver.workdir / "driver.log").read_text())})
 
 
 def _head_loss_said(fault: dict) -> bool:
