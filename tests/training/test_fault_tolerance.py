@@ -33,6 +33,13 @@ def test_spot_default_is_infinite_preemptions_and_a_few_real_failures():
     assert ray_config.max_preemption_failures == -1 and ray_config.max_failures == 3
 
 
+def test_ray_train_polls_its_workers_and_the_drain_state_often_unless_the_operator_says_otherwise():
+    environ = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "3"}
+    with launch.ray_train_polls(environ):
+        assert environ == {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "3"}
+    assert environ == {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "3"}  # a later plain Ray Train run gets Ray's own
+
+
 class Box:
     def state_dict(self) -> dict:
         return {"t": torch.ones(4)}

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotray.errors import SpotrayError
+from spotray.launch import RAY_TRAIN_POLLS_S
 from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
@@ -64,8 +65,7 @@ class LocalCluster:
         return {**os.environ, **self.env,
                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.auth_token,
                 "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(self.drain_timeout_s),
-                "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
-                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+                **RAY_TRAIN_POLLS_S,  # the benches' plain Ray Train baselines poll as spotray does
                 "RAY_USAGE_STATS_ENABLED": "0", **state_api_env(self.dashboard_port)}
 
     def start(self, workers: int) -> LocalCluster:
