@@ -44,7 +44,8 @@ EVERY, KEEP_LAST = 10, 3  # checkpoint interval (steps) and retention
 LOST_AT_MOST = {"notice": 0, "kill": EVERY, "two_nodes": EVERY, "driver": EVERY, "head": EVERY,
                 "corrupt": 2 * EVERY, "outage": 0}
 RESTARTS = {kind for kind in KINDS if kind != "outage"}
-OUTAGE_S = 5
+OUTAGE_S = 5  # the link stays cut at least this long, and until a save has failed in it
+OUTAGE_AT_MOST_S = 120  # a run that tries no save this long with its storage gone is stalled: the check says so
 STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3 every EVERY steps
 FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
 HELD_AT_MOST = KEEP_LAST + 1  # checkpoint folders in storage at any moment: keep_last and the one being written
@@ -204,8 +205,12 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         driver.start()
         return {"kind": kind, "injected_s": round(time.time() - started, 1), **ended}
     else:  # outage
+        failed_before = len(_failed_saves(driver))
         proxy.cut()
         time.sleep(OUTAGE_S)
+        # Until a save has met the cut link (one may be waiting for storage when it is cut, and pass once it is back).
+        while len(_failed_saves(driver)) == failed_before and time.time() < started + OUTAGE_AT_MOST_S:
+            time.sleep(0.5)
         committed = [c.step for c in _committed(root)]  # read past the cut link
         proxy.restore()
         return {"kind": kind, "injected_s": round(time.time() - started, 1), "committed_during": committed}
