@@ -85,10 +85,10 @@ def test_export_bench():
     assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
-def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline():
+@pytest.mark.cluster  # a bench command
+def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline(ray_address):
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=cli_env(RAY_ADDRESS=ray_address))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     cases = {(c["format"], c["storage"], c["tokenizer"]): c for c in result["cases"]}

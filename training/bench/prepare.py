@@ -42,7 +42,7 @@ def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, paral
     import ray
 
     from spotray.drills.s3local import create_bucket, moto_server
-    from spotray.ray_local import start_local_ray
+    from spotray.ray_local import join_or_start
 
     jsonl_files = write_corpus(f"{workdir}/jsonl", size_mb)
     parquet_files = _as_parquet(jsonl_files, f"{workdir}/parquet")
@@ -61,7 +61,7 @@ def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, paral
         tokenizers = {"bytes": ("bytes", jsonl_files), "hf-bpe": (bpe, jsonl_files[:1])}
         runs = {case[:3]: {p: [] for p in parallelisms} for case in cases}
         baseline_runs: dict[str, list[dict]] = {name: [] for name in tokenizers}
-        start_local_ray(max(os.cpu_count() or 1, max(parallelisms)), log_to_driver=False)
+        join_or_start(max(os.cpu_count() or 1, max(parallelisms)), log_to_driver=False)
         try:
             for i in range(rounds):  # interleaved, so drift on a noisy machine hits every side alike
                 for fmt, storage, tokenizer, source in cases:

@@ -2,12 +2,13 @@
 spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the same kill drill and model.
 ``--fault notice``: spotray alone, seconds from the fault to the first resumed step after a preemption notice
 against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``). ``--fault both``:
-the two, one after the other on the same cluster.
+the two on one cluster, spotray's run taking its notice and kill after the kill compared with the baseline's.
 
-Each drill: a head plus 2 worker nodes (the cluster the previous drill left whole, or a new one); once a checkpoint
-exists, a worker node is SIGKILLed; after a pause (Ray has noticed and waits for capacity) a replacement node starts;
-the clock runs from its start until a resumed step ends, as each job records it: nothing polls storage or the
-cluster while the clock runs.
+Each fault: once a checkpoint later than where the run last resumed exists, a worker node of a head plus 2 worker
+nodes (the cluster the previous drill left whole, or a new one) gets a notice or is SIGKILLed; for the kills compared
+with the baseline, after a pause (Ray has noticed and waits for capacity) a replacement node starts, and the clock
+runs from its start until a resumed step ends, as each job records it: nothing polls storage or the cluster while
+the clock runs. One run takes its faults one after another: each once the run has resumed from the one before.
 Checkpoints go to each storage asked for: a local dir (shared by the local "nodes", which real nodes never are)
 and S3 (a moto server on loopback), where spot training keeps them."""
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -35,15 +37,17 @@ from spotray.loop import run_root
 from spotray.storage import Location
 
 CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the replacement joins
-SETTLE_S = 1.0  # after the first checkpoint, so that Ray has registered the baseline's too
+SETTLE_S = 1.0  # after the checkpoint a fault waits for, so that Ray has registered the baseline's too
 
 
-def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, preset: str,
-            every: int) -> config.TrainConfig:
+def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, preset: str, every: int,
+            faults: int) -> config.TrainConfig:
+    """Steps enough for every fault to land before the run ends: each lands within about two checkpoint intervals of
+    the step the run last resumed from (a checkpoint after it, seen up to a driver's poll late)."""
     return config.load(None, [
         f"data.path={data_url}", f"checkpoint.path={ckpt_url}", f"run.name={name}", f"model.preset={preset}",
-        "train.seq_len=128", "train.global_batch_size=8", f"train.max_steps={3 * every}", "train.log_every=1",
-        f"checkpoint.every_steps={every}", "checkpoint.keep_last=2", "scaling.num_workers=2",
+        "train.seq_len=128", "train.global_batch_size=8", f"train.max_steps={(2 * faults + 1) * every}",
+        "train.log_every=1", f"checkpoint.every_steps={every}", "checkpoint.keep_last=2", "scaling.num_workers=2",
         "env.on_nodes=true",  # the nodes inherit the storage credentials, as the RayJob's pods get them
         *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
     ])
@@ -51,7 +55,7 @@ def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, prese
 
 @dataclass(frozen=True)
 class _Resumed:
-    """The first resumed attempt as a job reports it (UNIX times)."""
+    """A resumed attempt as a job reports it (UNIX times)."""
 
     from_step: int
     entered_at: float  # the train function started on the new worker group
@@ -59,7 +63,28 @@ class _Resumed:
     phases: dict[str, float] = field(default_factory=dict)  # seconds of named parts of the in-worker time
 
 
-def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
+@dataclass(frozen=True)
+class _Fault:
+    kind: str  # "notice" or "kill"
+    gap_s: float  # how long the cluster stays a node short before the replacement starts
+
+
+COMPARED = _Fault("kill", CAPACITY_GAP_S)  # spotray's against the baseline's: timed from the replacement's start
+FROM_THE_FAULT = (_Fault("notice", 0.0), _Fault("kill", 0.0))  # a replacement at once: timed from the fault
+SPOTRAY_FAULTS = {"kill": (COMPARED,), "notice": FROM_THE_FAULT, "both": (COMPARED, *FROM_THE_FAULT)}
+_RESUMED_LINE = re.compile(r"^spotray: RESUMED from step (\d+)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class _Job:
+    proc: subprocess.Popen
+    checkpointed_after: Callable[[int], bool]  # a checkpoint of a later step is committed
+    resumed_from: Callable[[int], int | None]  # where restart n resumed, once its first step ended: read from what
+    # the job writes on this machine, so that nothing polls storage or the cluster while a clock runs
+    resumed: Callable[[int], _Resumed | None]  # restart n in full, read once the job ended
+
+
+def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> _Job:
     config_file = log.with_suffix(".yaml")
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     proc = subprocess.Popen([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
@@ -67,19 +92,28 @@ def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
                             stderr=subprocess.STDOUT)
     attempts = run_root(cfg).child("attempts")
 
-    def checkpointed() -> bool:
-        return bool(list_committed(checkpoints_root(run_root(cfg)), warn=False))
+    def checkpointed_after(step: int) -> bool:
+        newest = list_committed(checkpoints_root(run_root(cfg)), warn=False)[:1]
+        return bool(newest) and newest[0].step > step
 
-    return proc, checkpointed, lambda: spotray_resumed(attempts, ("startup", "restore"))
+    def resumed_from(restart: int) -> int | None:
+        steps = _RESUMED_LINE.findall(log.read_text())  # the driver's console
+        return int(steps[restart - 1]) if len(steps) >= restart else None
+
+    return _Job(proc, checkpointed_after, resumed_from,
+                lambda restart: spotray_resumed(attempts, ("startup", "restore"), restart))
 
 
-def spotray_resumed(attempts: Location, phases: tuple[str, ...]) -> _Resumed | None:
-    """The second attempt of a spotray run as its ledger records it, once its first step has ended."""
+def spotray_resumed(attempts: Location, phases: tuple[str, ...], restart: int = -1) -> _Resumed | None:
+    """Restart ``restart`` of a spotray run (the attempt after its ``restart``-th interruption; -1: the last) as its
+    ledger records it, once its first step has ended."""
     found = ledger.read_attempts(attempts)
-    status = goodput.read_status(attempts, found[-1].attempt_id) if len(found) > 1 else None
+    if len(found) < 2 or len(found) <= restart:
+        return None
+    status = goodput.read_status(attempts, found[restart].attempt_id)
     if not (status or {}).get("first_step_at"):
         return None
-    return _Resumed(found[-1].from_step, status["entered_at"], status["first_step_at"],
+    return _Resumed(found[restart].from_step, status["entered_at"], status["first_step_at"],
                     {phase: status[f"{phase}_s"] for phase in phases})
 
 
@@ -99,16 +133,17 @@ def start_baseline(module: str, job: dict, cluster: LocalCluster, log: Path) -> 
     return proc, read
 
 
-def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path):
+def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> _Job:
     job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray",
            "progress": str(log.with_suffix(".progress.json"))}
     proc, read = start_baseline("spotray.bench.baseline_job", job, cluster, log)
 
-    def resumed() -> _Resumed | None:
+    def restart(n: int) -> _Resumed | None:
         attempts = read().get("attempts", [])
-        return _Resumed(*attempts[-1]) if len(attempts) > 1 else None
+        return _Resumed(*attempts[n]) if 0 < n < len(attempts) else None
 
-    return proc, lambda: "checkpointed" in read(), resumed
+    return _Job(proc, lambda step: read().get("checkpointed", -1) > step,
+                lambda n: (found := restart(n)) and found.from_step, restart)
 
 
 def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 600):
@@ -123,89 +158,88 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, kind: str, gap_s: float,
-               clusters: ReusedCluster) -> tuple[_Resumed, float, float]:
-    """Runs the job on a whole cluster; once it has checkpointed, a worker node gets a notice or is killed
-    (``kind``), and ``gap_s`` later a replacement node starts. Returns the resumed attempt, the fault's time and
-    the replacement's (UNIX times)."""
+def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, faults: tuple[_Fault, ...],
+               clusters: ReusedCluster) -> list[tuple[_Resumed, float, float]]:
+    """Runs the job on a whole cluster through ``faults`` in turn: once a checkpoint later than where the job last
+    resumed is committed, a worker node gets a notice or is killed, and ``gap_s`` later a replacement node starts.
+    Per fault: the attempt resumed after it, the fault's time and the replacement's (UNIX times)."""
     log = Path(workdir) / f"{cfg.run.name}.log"
     cluster = clusters.get()
-    proc, checkpointed, resumed = start_job(cfg, cluster, log)
+    job = start_job(cfg, cluster, log)
+    times: list[tuple[float, float]] = []
     try:
-        _wait(checkpointed, proc, "a first checkpoint", log)
-        time.sleep(SETTLE_S)
-        fault_at = time.time()
-        (cluster.preempt_with_notice if kind == "notice" else cluster.kill)(cluster.nodes[-1])
-        time.sleep(gap_s)
-        back_at = time.time()  # the replacement machine is up and starts Ray
-        # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
-        cluster.add_node(wait=False)
-        proc.wait(timeout=600)
+        for restart, fault in enumerate(faults):
+            since = _wait(lambda n=restart: job.resumed_from(n), job.proc, f"restart {restart}", log) if restart else 0
+            _wait(lambda step=since: job.checkpointed_after(step), job.proc, f"a checkpoint after step {since}", log)
+            time.sleep(SETTLE_S)
+            fault_at = time.time()
+            (cluster.preempt_with_notice if fault.kind == "notice" else cluster.kill)(cluster.nodes[-1])
+            time.sleep(fault.gap_s)
+            times.append((fault_at, time.time()))  # the replacement machine is up and starts Ray
+            cluster.add_node(wait=False)
+        job.proc.wait(timeout=600)
     finally:
-        proc.kill()
-    resumed_at = resumed() if proc.returncode == 0 else None
-    if resumed_at is None:
+        job.proc.kill()
+    resumed = [job.resumed(n) for n in range(1, len(faults) + 1)] if job.proc.returncode == 0 else [None]
+    if None in resumed:
         clusters.discard()
         raise SpotrayError(f"recovery bench: {cfg.run.name} failed or never resumed; see {log}")
-    return resumed_at, fault_at, back_at
+    return [(found, fault_at, back_at) for found, (fault_at, back_at) in zip(resumed, times, strict=True)]
 
 
-def _drill(start_job, cfg: config.TrainConfig, workdir: str, clusters: ReusedCluster) -> dict:
-    """Seconds from the replacement node joining to the end of the first resumed step, split into Ray's part
-    (until the train function starts) and the worker's."""
-    resumed_at, _, back_at = _interrupt(start_job, cfg, workdir, "kill", CAPACITY_GAP_S, clusters)
-    return {"recovery_s": round(resumed_at.first_step_at - back_at, 2),
-            "ray_s": round(resumed_at.entered_at - back_at, 2),
-            "worker_s": round(resumed_at.first_step_at - resumed_at.entered_at, 2),
-            **{f"{name}_s": round(seconds, 2) for name, seconds in resumed_at.phases.items()},
-            "resumed_from": resumed_at.from_step}
+def _from_the_replacement(resumed: _Resumed, back_at: float) -> dict:
+    """Seconds from the replacement node's start to the end of the first resumed step, split into Ray's part (until
+    the train function starts) and the worker's."""
+    return {"recovery_s": round(resumed.first_step_at - back_at, 2),
+            "ray_s": round(resumed.entered_at - back_at, 2),
+            "worker_s": round(resumed.first_step_at - resumed.entered_at, 2),
+            **{f"{name}_s": round(seconds, 2) for name, seconds in resumed.phases.items()},
+            "resumed_from": resumed.from_step}
 
 
-def _fault_drill(kind: str, cfg: config.TrainConfig, workdir: str, clusters: ReusedCluster) -> dict:
-    """Seconds from a notice (or a kill) of a worker node to the end of the first resumed step, with the
-    replacement node starting at once."""
-    resumed_at, fault_at, _ = _interrupt(_spotray_job, cfg, workdir, kind, 0.0, clusters)
-    return {"recovery_s": round(resumed_at.first_step_at - fault_at, 2), "resumed_from": resumed_at.from_step}
+def _round(fault: str, cfg_for: Callable[[str, int], config.TrainConfig], i: int, workdir: str,
+           clusters: ReusedCluster) -> dict[str, dict]:
+    """The baseline's kill (unless ``fault`` is notice), then one spotray run through ``SPOTRAY_FAULTS[fault]``."""
+    drills = {}
+    if fault != "notice":
+        ((resumed, _, back_at),) = _interrupt(_baseline_job, cfg_for(f"baseline-{i}", 1), workdir, (COMPARED,),
+                                              clusters)
+        drills["baseline"] = _from_the_replacement(resumed, back_at)
+    faults = SPOTRAY_FAULTS[fault]
+    measured = _interrupt(_spotray_job, cfg_for(f"spotray-{i}", len(faults)), workdir, faults, clusters)
+    for each, (resumed, fault_at, back_at) in zip(faults, measured, strict=True):
+        if each is COMPARED:
+            drills["spotray"] = _from_the_replacement(resumed, back_at)
+        else:
+            drills[each.kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2),
+                                 "resumed_from": resumed.from_step}
+    return drills
 
 
-def _notice_against_kill(cfg_for: Callable[[str], config.TrainConfig], workdir: str, rounds: int,
-                         clusters: ReusedCluster) -> dict:
-    drills: dict[str, list[dict]] = {"notice": [], "kill": []}
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-        for kind, found in drills.items():
-            found.append(_fault_drill(kind, cfg_for(f"{kind}-{i}"), workdir, clusters))
-    notice, kill = drills["notice"], drills["kill"]
-    return {**drills,
+def _figures(drills: dict[str, list[dict]]) -> dict:
+    figures = {}
+    if "baseline" in drills:
+        spotray, baseline = drills["spotray"], drills["baseline"]
+        figures.update({
+            "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
+            "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
+            "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3)})
+    if "notice" in drills:
+        notice, kill = drills["notice"], drills["kill"]
+        figures.update({
             "notice_minus_kill_s": round(_best(notice, "recovery_s") - _best(kill, "recovery_s"), 2),
-            "notice_minus_kill_s_median": round(_median(notice, "recovery_s") - _median(kill, "recovery_s"), 2)}
-
-
-def _compare(cfg_for: Callable[[str], config.TrainConfig], workdir: str, rounds: int,
-             clusters: ReusedCluster) -> dict:
-    spotray, baseline = [], []
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        for name, job, drills in (("baseline", _baseline_job, baseline), ("spotray", _spotray_job, spotray)):
-            drills.append(_drill(job, cfg_for(f"{name}-{i}"), workdir, clusters))
-    return {
-        "baseline": baseline, "spotray": spotray,
-        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
-        "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
-        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
-    }
-
-
-COMPARISONS = {"kill": (_compare,), "notice": (_notice_against_kill,), "both": (_compare, _notice_against_kill)}
+            "notice_minus_kill_s_median": round(_median(notice, "recovery_s") - _median(kill, "recovery_s"), 2)})
+    return figures
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
         every: int = 5, fault: str = "kill", clusters: ReusedCluster | None = None) -> dict:
-    """``fault="both"``: the kill and the notice comparisons on one corpus and one cluster per storage, their keys
-    side by side in each storage's result. ``clusters``: where the cluster comes from when it may outlive the bench
-    (the drills', whose nodes already hold ``s3_endpoint``'s credentials), else one of its own per storage."""
+    """``clusters``: where the cluster comes from when it may outlive the bench (the drills', whose nodes already hold
+    ``s3_endpoint``'s credentials), else one of its own per storage."""
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
-              **({"capacity_gap_s": CAPACITY_GAP_S} if _compare in COMPARISONS[fault] else {})}
+              **({"capacity_gap_s": CAPACITY_GAP_S} if COMPARED in SPOTRAY_FAULTS[fault] else {})}
     with contextlib.ExitStack() as stack:
         for storage in storages:
             endpoint = None
@@ -216,15 +250,17 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
                 ckpt_url = f"{workdir}/ckpt"
             cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
             with given_or_own(clusters, Path(workdir) / f"ray-{storage}") as reused:
-                result[storage] = {key: value for compare in COMPARISONS[fault]
-                                   for key, value in compare(cfg_for, workdir, rounds, reused).items()}
+                # interleaved, so drift on a noisy machine hits both sides alike
+                found = [_round(fault, cfg_for, i, workdir, reused) for i in range(rounds)]
+            drills = {key: [each[key] for each in found] for key in found[0]}
+            result[storage] = {**drills, **_figures(drills)}
     return result
 
 
 def _configs(data_url: str, ckpt_url: str, endpoint: str | None, storage: str, preset: str,
-             every: int) -> Callable[[str], config.TrainConfig]:
-    """The config of each drill on ``storage``, by the drill's name."""
-    return lambda name: _config(data_url, ckpt_url, endpoint, f"{name}-{storage}", preset, every)
+             every: int) -> Callable[[str, int], config.TrainConfig]:
+    """The config of each drill on ``storage``, by the drill's name and its number of faults."""
+    return lambda name, faults: _config(data_url, ckpt_url, endpoint, f"{name}-{storage}", preset, every, faults)
 
 
 def _best(drills: list[dict], key: str) -> float:

@@ -7,14 +7,14 @@ a plain ``TorchTrainer`` (``hf_ray_baseline.py``). Both save every ``--steps`` s
 and spotray's ``checkpoint.every_steps`` alike), keep 2 checkpoints, and put them on S3 (moto on loopback): a
 GPT-2 built from ``--preset``'s shape, whose model + AdamW state is what a checkpoint holds.
 
-The drill and its clock are ``recovery``'s: a head plus 2 worker nodes of 1 CPU; once a checkpoint is in storage
-(plus 1 s), a worker node is SIGKILLed; 10 s later a replacement node starts; the clock runs from its start to the
-end of the first resumed step, as each job records it. Here every node also has its own temporary directory
-(``$TMPDIR``), as separate machines have their own disks: a node-local restore (spotray's default
-``$TMPDIR/spotray/<run>``, Ray's ``as_directory`` temp dir) is then per node, as on a real cluster, and not shared by
-all the local "nodes". Bytes read at restore are counted per node: for spotray, what the restored directory on each
-node's disk records it read from storage (a node takes the files it committed itself from its own disk); for Ray,
-the checkpoint directory ``as_directory`` gave each rank (one rank per node here)."""
+The drill and its clock are ``recovery``'s: a head plus 2 worker nodes of 1 CPU (one cluster for every drill, whole
+again after each); once a checkpoint is in storage (plus 1 s), a worker node is SIGKILLed; 10 s later a replacement node
+starts; the clock runs from its start to the end of the first resumed step, as each job records it. Here every node also
+has its own temporary directory (``$TMPDIR``), as separate machines have their own disks: a node-local restore
+(spotray's default ``$TMPDIR/spotray/<run>``, Ray's ``as_directory`` temp dir) is then per node, as on a real cluster,
+and not shared by all the local "nodes". Bytes read at restore are counted per node: for spotray, what the restored
+directory on each node's disk records it read from storage (a node takes the files it committed itself from its own
+disk); for Ray, the checkpoint directory ``as_directory`` gave each rank (one rank per node here)."""
 
 from __future__ import annotations
 
@@ -146,37 +146,32 @@ def _baseline_job(name: str, ckpt_url: str, endpoint: str, args: list[str], ever
 
 
 def _drill(start_job, name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
-           workdir: Path) -> dict:
-    """``recovery``'s kill drill on a cluster of separate node disks; the seconds from the replacement node's start
-    to the end of the first resumed step (Ray's part, until the train function runs, and the worker's), and the
+           workdir: Path, cluster: _NodeDisks) -> dict:
+    """``recovery``'s kill drill on a whole cluster of separate node disks; the seconds from the replacement node's
+    start to the end of the first resumed step (Ray's part, until the train function runs, and the worker's), and the
     bytes each node read at restore."""
     log = workdir / f"{name}.log"
-    disks = workdir / f"disks-{name}"
-    cluster = _NodeDisks(workdir / f"ray-{name}", drain_timeout_s=20, disks=disks)
-    with cluster.start(workers=WORKERS):
-        job = start_job(name, ckpt_url, endpoint, args, every, script, cluster, log)
-        try:
-            _wait(job.checkpointed, job.proc, "a first checkpoint", log)
-            time.sleep(SETTLE_S)
-            cluster.kill(cluster.nodes[-1])
-            time.sleep(CAPACITY_GAP_S)
-            back_at = time.time()  # the replacement machine is up and starts Ray
-            # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
-            cluster.add_node(wait=False)
-            job.proc.wait(timeout=900)
-        finally:
-            job.proc.kill()
+    job = start_job(name, ckpt_url, endpoint, args, every, script, cluster, log)
+    try:
+        _wait(job.checkpointed, job.proc, "a first checkpoint", log)
+        time.sleep(SETTLE_S)
+        cluster.kill(cluster.nodes[-1])
+        time.sleep(CAPACITY_GAP_S)
+        back_at = time.time()  # the replacement machine is up and starts Ray
+        # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
+        cluster.add_node(wait=False)
+        job.proc.wait(timeout=900)
+    finally:
+        job.proc.kill()
     resumed = job.resumed() if job.proc.returncode == 0 else None
     if resumed is None:
         raise SpotrayError(f"recovery bench: {name} failed or never resumed; see {log}")
-    read = job.bytes_read(disks)
-    shutil.rmtree(disks, ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
     return {"recovery_s": round(resumed.first_step_at - back_at, 2),
             "ray_s": round(resumed.entered_at - back_at, 2),
             "worker_s": round(resumed.first_step_at - resumed.entered_at, 2),
             "restore_s": round(resumed.phases["restore"], 2),
             "resumed_from": resumed.from_step,
-            "bytes_read_per_node": read}
+            "bytes_read_per_node": job.bytes_read(cluster.disks)}
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
@@ -212,9 +207,13 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
 def _compare(ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path, workdir: Path,
              rounds: int) -> dict:
     drills: dict[str, list[dict]] = {"baseline": [], "spotray": []}
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        for name, job in (("baseline", _baseline_job), ("spotray", _spotray_job)):
-            drills[name].append(_drill(job, f"hf-{name}-{i}", ckpt_url, endpoint, args, every, script, workdir))
+    cluster = _NodeDisks(workdir / "ray", drain_timeout_s=20, disks=workdir / "disks")
+    with cluster.start(workers=WORKERS):  # each drill leaves it whole: a node killed, a replacement joined
+        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
+            for name, job in (("baseline", _baseline_job), ("spotray", _spotray_job)):
+                drills[name].append(_drill(job, f"hf-{name}-{i}", ckpt_url, endpoint, args, every, script, workdir,
+                                           cluster))
+    shutil.rmtree(cluster.disks, ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
     spotray, baseline = drills["spotray"], drills["baseline"]
     return {
         **drills,
