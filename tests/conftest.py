@@ -46,12 +46,13 @@ def _listening_ports(pid: int) -> list[int]:
 
 
 # Ray's timings for every Ray process the tests start (which inherit this environment). A killed node is marked dead
-# after 5 failed health checks 3 s apart by default, and each kill drill waits for that: 1 s apart here (a check of a
-# node that is gone fails at once; one of a busy node waits out its own timeout, so it is not taken for dead). A head
-# unreachable for gcs_rpc_server_reconnect_timeout_s (60 s) ends its clients, and the head-loss drills wait for the
-# driver's watch at half of it: 20 s here. Metrics are reported every 10 s by default, longer than the runs whose
-# gauges the telemetry tests read: every second here.
-RAY_TIMINGS = {"RAY_health_check_period_ms": "1000", "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
+# after 5 failed health checks 3 s apart by default, and each kill drill waits for that: after 2, 1 s apart here (a
+# check of a node that is gone fails at once; one of a busy node waits out its own 10 s timeout, so a node is taken for
+# dead only after 20 s without an answer). A head unreachable for gcs_rpc_server_reconnect_timeout_s (60 s) ends its
+# clients, and the head-loss drills wait for the driver's watch at half of it: 20 s here. Metrics are reported every 10
+# s by default, longer than the runs whose gauges the telemetry tests read: every second here.
+RAY_TIMINGS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "2",
+               "RAY_gcs_rpc_server_reconnect_timeout_s": "20",
                "RAY_metrics_report_interval_ms": "1000"}
 
 

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.cluster  # a real multi-node local Ray cluster (make qu
 
 MAX_STEPS = 40
 # A notice takes seconds to reach the workers (Ray drains the node, Ray Train polls every second) while these steps
-# take milliseconds: a notice drill runs long enough after step 10 that the notice always lands before the end.
+# take milliseconds: a run with a notice is long enough after step 10 that the notice, and a kill after it, always
+# land before the end.
 NOTICE_MAX_STEPS = 200
 
 
@@ -44,22 +45,29 @@ def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, 
                                 stdout=out, stderr=err)
 
 
-def run_drill(cluster: LocalCluster, tmp_path, fault: str, example=hf_finetune) -> tuple[dict, str, Location, int]:
-    """The README's command on ``example`` (copied into a user's project directory); once step 10 is committed, the
-    fault hits the node of a worker and a replacement node joins. Returns the summary, the console, the run's root
-    and the newest step committed when the fault landed."""
+def run_drill(cluster: LocalCluster, tmp_path, faults: tuple[str, ...],
+              example=hf_finetune) -> tuple[dict, str, Location, list[int]]:
+    """The README's command on ``example`` (copied into a user's project directory); each fault in turn hits the
+    node of a worker once a checkpoint past where the run last started is committed (step 10 at first), and a
+    replacement node joins. Returns the summary, the console, the run's root and the newest step committed when each
+    fault landed."""
     project, runs = tmp_path / "project", tmp_path / "runs"
     project.mkdir()
     script = "finetune.py" if example is hf_finetune else Path(example.__file__).name
     shutil.copy(example.__file__, project / script)  # the example as a user has it
     root = resolve(str(runs)).child("drill")
-    max_steps = NOTICE_MAX_STEPS if fault == "notice" else MAX_STEPS
+    max_steps = NOTICE_MAX_STEPS if "notice" in faults else MAX_STEPS
     driver = start_script(project, runs, cluster, script, "--max-steps", str(max_steps))
-    wait_until(lambda: any(c.step >= 10 for c in list_committed(checkpoints_root(root))),
-               "a checkpoint of step 10", project, driver)
-    (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
-    committed_at_fault = list_committed(checkpoints_root(root))[0].step
-    cluster.add_node()
+    attempts, committed_at_faults = root.child("attempts"), []
+    for restarts, fault in enumerate(faults):
+        if restarts:  # the restart after the fault before has begun: where it started
+            wait_until(lambda n=restarts: len(ledger.read_attempts(attempts)) > n, "the restart", project, driver)
+        started_at = ledger.read_attempts(attempts)[-1].from_step if restarts else 9
+        wait_until(lambda after=started_at: any(c.step > after for c in list_committed(checkpoints_root(root))),
+                   f"a checkpoint past step {started_at}", project, driver)
+        (cluster.preempt_with_notice if fault == "notice" else cluster.kill)(cluster.nodes[-1])
+        committed_at_faults.append(list_committed(checkpoints_root(root))[0].step)
+        cluster.add_node()
     driver.wait(timeout=400)
     console = (project / "driver.log").read_text()
     assert driver.returncode == 0, console[-4000:]
@@ -67,38 +75,37 @@ def run_drill(cluster: LocalCluster, tmp_path, fault: str, example=hf_finetune) 
     assert summary["final_step"] == max_steps
     newest = list_committed(checkpoints_root(root))[0]
     assert newest.step == max_steps and newest.is_files
-    return summary, console, root, committed_at_fault
+    return summary, console, root, committed_at_faults
 
 
 def assert_resumed_at_the_notice(summary: dict, root: Location, *files: str) -> None:
-    assert [(e["kind"], e["lost_steps"]) for e in summary["events"]] == [("notice", 0)], summary["events"]
+    """The first fault was the notice: it cost no step, and the next attempt started at its step."""
+    assert (summary["events"][0]["kind"], summary["events"][0]["lost_steps"]) == ("notice", 0), summary["events"]
     attempts = root.child("attempts")
-    (first, second) = ledger.read_attempts(attempts)
+    first, second, *_ = ledger.read_attempts(attempts)
     assert second.from_step == max(ledger.read_steps(attempts, first.attempt_id)), "resumed at the notice's step"
     newest = list_committed(checkpoints_root(root))[0]
     assert set(files) <= set(newest.files), newest.files
 
 
-def test_a_trainer_script_loses_no_step_to_a_notice_and_resumes_at_it(cluster, tmp_path):
+def test_a_trainer_script_loses_no_step_to_a_notice_and_a_kill_costs_it_the_steps_since_its_newest_checkpoint(
+        cluster, tmp_path):
+    """The notice first, then the kill once the run has resumed and committed a checkpoint past the notice's. The
+    Trainer's checkpoint uploads while the next steps train, so a kill during an upload also costs the steps since
+    the one before: under two intervals (the next save waits for the upload), as the README says."""
     assert_two_lines_as_in_readme(Path(hf_finetune.__file__))
-    summary, console, root, _ = run_drill(cluster, tmp_path, "notice")
+    summary, console, root, (_, committed_at_kill) = run_drill(cluster, tmp_path, ("notice", "kill"))
     assert_resumed_at_the_notice(summary, root, "files/rng_state_0.pth", "files/rng_state_1.pth",
                                  "files/model.safetensors")
     assert "PREEMPTION NOTICE at step" in console and "RESUMED from step" in console, console
+    (_, event) = summary["events"]
+    assert event["kind"] == "kill" and 0 <= event["lost_steps"] < 2 * 10, event
+    (_, second, third) = ledger.read_attempts(root.child("attempts"))
+    assert third.from_step >= committed_at_kill > second.from_step, "resumed from the newest checkpoint at the kill"
+    assert third.from_step % 10 == 0, "resumed from a committed interval's step"
     status = subprocess.run([str(Path(sys.executable).parent / "spotray"), "status", root.path],
                             capture_output=True, text=True, timeout=60)
     assert status.returncode == 0 and "notice" in status.stdout and "goodput" in status.stdout, status.stdout
-
-
-def test_a_kill_costs_a_trainer_script_the_steps_since_its_newest_committed_checkpoint(cluster, tmp_path):
-    """The Trainer's checkpoint uploads while the next steps train, so a kill during an upload also costs the steps
-    since the one before: under two intervals (the next save waits for the upload), as the README says."""
-    summary, _, root, committed_at_kill = run_drill(cluster, tmp_path, "kill")
-    (event,) = summary["events"]
-    assert event["kind"] == "kill" and 0 <= event["lost_steps"] < 2 * 10, event
-    (first, second) = ledger.read_attempts(root.child("attempts"))
-    assert second.from_step >= committed_at_kill >= 10, "resumed from the newest checkpoint committed at the kill"
-    assert second.from_step % 10 == 0, "resumed from a committed interval's step"
 
 
 def assert_two_lines_as_in_readme(script: Path) -> None:
@@ -111,7 +118,7 @@ def assert_two_lines_as_in_readme(script: Path) -> None:
 
 
 def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(cluster, tmp_path):
-    summary, console, root, _ = run_drill(cluster, tmp_path, "notice", accelerate_loop)
+    summary, console, root, _ = run_drill(cluster, tmp_path, ("notice",), accelerate_loop)
     assert_resumed_at_the_notice(summary, root, "files/random_states_0.pkl", "files/random_states_1.pkl",
                                  "files/model.safetensors", "files/optimizer.bin")
     assert "MOVING ON from step" in console, "should_stop() ended the loop once the workers fit elsewhere"
