@@ -21,6 +21,8 @@ SERVICES = ("raylet", "gcs_server", "ray/dashboard", "ray::", "moto_server", "mo
 SESSION_VARIABLE = "SPOTRAY_TEST_SESSION"
 LEFTOVER_GRACE_S = 30  # Ray's processes exit a few seconds after ray.shutdown()
 _SECONDS_BY_FOLDER: dict[str, list] = {}  # folder -> [seconds, tests run]
+_LEFT_IN_WORKERS: list[str] = []  # under pytest-xdist: the services each worker's session left running
+DRILLS = "tests/drills/"
 
 
 def _services(session_id: str) -> dict[int, str]:
@@ -78,20 +80,41 @@ def pytest_terminal_summary(terminalreporter):
     for folder, (seconds, tests) in sorted(_SECONDS_BY_FOLDER.items(), key=lambda kv: -kv[1][0]):
         terminalreporter.write_line(f"{seconds / 60:6.1f} min  {tests:4d} tests  {folder}")
     total = sum(seconds for seconds, _ in _SECONDS_BY_FOLDER.values())
-    terminalreporter.write_line(f"{total / 60:6.1f} min  in all")
+    terminalreporter.write_line(f"{total / 60:6.1f} min  in all (under pytest-xdist, the workers' together)")
+
+
+def pytest_collection_modifyitems(items):
+    """``make test`` runs the suite on two pytest-xdist workers: the drills, which share one local cluster, in one
+    group started first, and every other file as a group of its own (its module fixtures made once), the files with
+    whole training runs before the rest, to fill the other worker while the drills run."""
+    heavy = {item.path for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("cluster")}
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(DRILLS) else 1 if item.path in heavy else 2)  # stable
+    for item in items:
+        group = "drills" if item.nodeid.startswith(DRILLS) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fails the session where a service a test started outlives it (session fixtures are torn down by now)."""
+    """Fails the session where a service a test started outlives it (session fixtures are torn down by now); under
+    pytest-xdist each worker checks its own and the controller fails the run for them."""
     session_id = os.environ[SESSION_VARIABLE]
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := _services(session_id)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    if left:
-        lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"
-                 for pid, cmd in sorted(left.items())]
+    lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"
+             for pid, cmd in sorted(left.items())] + _LEFT_IN_WORKERS
+    if hasattr(session.config, "workeroutput"):  # a worker: the controller reports them
+        session.config.workeroutput["left_running"] = lines
+    elif lines:
         print("\nleft running after the session:\n" + "\n".join(lines))
+    if lines:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's: a worker ended; what its session left running."""
+    _LEFT_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("left_running", []))
 
 
 @pytest.fixture(scope="session")

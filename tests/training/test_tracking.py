@@ -143,12 +143,13 @@ def test_a_rerun_after_the_driver_failed_continues_the_same_tracker_runs_with_th
 
 
 @pytest.mark.e2e
-def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_tracker(tmp_path, mlflow_server):
-    """As shown, with this module's MLflow server in place of the example's address."""
+def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_tracker(tmp_path, mlflow_server,
+                                                                                       ray_address):
+    """As shown, with this module's MLflow server in place of the example's address, on the session's Ray."""
     commands = readme_example("tracking-example").replace("http://127.0.0.1:5000", mlflow_server.url)
     write_corpus(tmp_path / "corpus")
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path,
+                          env=cli_env(RAY_ADDRESS=ray_address), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert sorted(int(step) for step in summary["evals"]) == [20, 40, 60] and summary["tracking_gaps"] == []

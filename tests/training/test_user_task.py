@@ -48,11 +48,11 @@ def make_task(cfg):
 
 
 @pytest.mark.e2e
-def test_the_readme_example_trains_the_user_task_through_ray(tmp_path):
+def test_the_readme_example_trains_the_user_task_through_ray(tmp_path, ray_address):
     commands = readme_example("user-task-example")
     write_corpus(tmp_path / "corpus")
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path,
+                          env=cli_env(RAY_ADDRESS=ray_address), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / re.search(r"--summary-json (\S+)", commands).group(1)).read_text())
     max_steps = int(re.search(r"train\.max_steps=(\d+)", commands).group(1))
