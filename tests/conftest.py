@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from spotray.data.prepare import prepare
 from spotray.drills.s3local import create_bucket, moto_server
@@ -84,14 +85,24 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(items):
-    """``make test`` runs the suite on two pytest-xdist workers: the drills, which share one local cluster, in one
-    group started first, and every other file as a group of its own (its module fixtures made once), the files with
-    whole training runs before the rest, to fill the other worker while the drills run."""
+    """The drills first, then the files with whole training runs, then the rest (a stable sort: a file's tests keep
+    their order). Under pytest-xdist (``make test``) this is the order in which the workers get their units of work
+    (``DrillsTogether``): the drills start at once on one worker while the other fills the time they spend waiting."""
     heavy = {item.path for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("cluster")}
-    items.sort(key=lambda item: 0 if item.nodeid.startswith(DRILLS) else 1 if item.path in heavy else 2)  # stable
-    for item in items:
-        group = "drills" if item.nodeid.startswith(DRILLS) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: 0 if item.nodeid.startswith(DRILLS) else 1 if item.path in heavy else 2)
+
+
+class DrillsTogether(LoadScopeScheduling):
+    """pytest-xdist's units of work: the drills together (they share one local cluster), every other file whole (its
+    module fixtures made once)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return "drills" if nodeid.startswith(DRILLS) else nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return DrillsTogether(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -22,28 +22,27 @@ SAVES = {"failed": [60], "committed": [80, 90, 100]}  # a save failed in the out
 
 
 def test_each_check_fails_on_what_it_guards():
-    run = RUN
     events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
     faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0, "committed_during": [50]}]
-    good = soak_checks(run, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100, SAVES)
+    good = soak_checks(RUN, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100, SAVES)
     assert all(good.values())
-    assert not soak_checks(run, {"param_sha256": "b"}, events, faults, [], 4, 100, SAVES)[
+    assert not soak_checks(RUN, {"param_sha256": "b"}, events, faults, [], 4, 100, SAVES)[
         "bitwise_equal_to_uninterrupted"]
     over = [{**events[0], "lost_steps": LOST_AT_MOST["kill"] + 1}]
-    assert not soak_checks(run, {"param_sha256": "a"}, over, faults, [], 4, 100, SAVES)["lost_steps_within_bounds"]
+    assert not soak_checks(RUN, {"param_sha256": "a"}, over, faults, [], 4, 100, SAVES)["lost_steps_within_bounds"]
     grown = [(1, 100.0, 20), (1, 400.0, 20)]
-    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, grown, 4, 100, SAVES)[
+    assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, grown, 4, 100, SAVES)[
         "driver_memory_and_files_bounded"]
-    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100, SAVES)[
+    assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100, SAVES)[
         "storage_within_retention"]
-    assert not soak_checks(run, {"param_sha256": "a"}, [], faults, [], 4, 100, SAVES)["status_agrees"]
+    assert not soak_checks(RUN, {"param_sha256": "a"}, [], faults, [], 4, 100, SAVES)["status_agrees"]
     corrupt = [{"kind": "corrupt", "injected_s": 0.1, "corrupted_step": 90}]
     resumed = [{**events[0], "resumed_from": 90}]
-    checks = soak_checks(run, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100, SAVES)
+    checks = soak_checks(RUN, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100, SAVES)
     assert not checks["corrupted_checkpoint_never_resumed"]
-    assert not soak_checks(run, {"param_sha256": "a"}, events, faults, [], 4, 100, {**SAVES, "committed": [80, 90]})[
+    assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], 4, 100, {**SAVES, "committed": [80, 90]})[
         "finished"]
-    gap = {**run, "losses": {step: loss for step, loss in run["losses"].items() if step != "37"}}
+    gap = {**RUN, "losses": {step: loss for step, loss in RUN["losses"].items() if step != "37"}}
     assert not soak_checks(gap, {"param_sha256": "a"}, events, faults, [], 4, 100, SAVES)["loss_log_complete"]
 
 

@@ -15,6 +15,7 @@ and S3 (a moto server on loopback), where spot training keeps them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 import statistics
@@ -54,7 +55,7 @@ def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, prese
 
 
 @dataclass(frozen=True)
-class _Resumed:
+class Resumed:
     """A resumed attempt as a job reports it (UNIX times)."""
 
     from_step: int
@@ -76,49 +77,59 @@ _RESUMED_LINE = re.compile(r"^spotray: RESUMED from step (\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
-class _Job:
+class Job:
+    """A job on the cluster, as the fault loop (``interrupt``) reads it: from what the job writes on this machine, so
+    that nothing polls storage or the cluster while a clock runs."""
+
     proc: subprocess.Popen
     checkpointed_after: Callable[[int], bool]  # a checkpoint of a later step is committed
-    resumed_from: Callable[[int], int | None]  # where restart n resumed, once its first step ended: read from what
-    # the job writes on this machine, so that nothing polls storage or the cluster while a clock runs
-    resumed: Callable[[int], _Resumed | None]  # restart n in full, read once the job ended
+    resumed_from: Callable[[int], int | None]  # where restart n resumed, once its first step ended
+    resumed: Callable[[int], Resumed | None]  # restart n in full, read once the job ended
 
 
-def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> _Job:
+def _spotray_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> Job:
     config_file = log.with_suffix(".yaml")
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
-    proc = subprocess.Popen([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
+    return spotray_job(["--config", str(config_file)], run_root(cfg), ("startup", "restore"), cluster, log)
+
+
+def spotray_job(train_args: list[str], root: Location, phases: tuple[str, ...], cluster: LocalCluster, log: Path,
+                cwd: Path | None = None) -> Job:
+    """``spotray train *train_args`` on the cluster, of the run at ``root``; ``phases``: the seconds of the ledger's
+    phases that each restart reports."""
+    proc = subprocess.Popen([sys.executable, "-m", "spotray.cli", "train", *train_args], cwd=cwd,
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
-    attempts = run_root(cfg).child("attempts")
 
     def checkpointed_after(step: int) -> bool:
-        newest = list_committed(checkpoints_root(run_root(cfg)), warn=False)[:1]
+        newest = list_committed(checkpoints_root(root), warn=False)[:1]
         return bool(newest) and newest[0].step > step
 
     def resumed_from(restart: int) -> int | None:
         steps = _RESUMED_LINE.findall(log.read_text())  # the driver's console
         return int(steps[restart - 1]) if len(steps) >= restart else None
 
-    return _Job(proc, checkpointed_after, resumed_from,
-                lambda restart: spotray_resumed(attempts, ("startup", "restore"), restart))
+    return Job(proc, checkpointed_after, resumed_from,
+               lambda restart: _spotray_resumed(ledger.attempts_root(root), phases, restart))
 
 
-def spotray_resumed(attempts: Location, phases: tuple[str, ...], restart: int = -1) -> _Resumed | None:
-    """Restart ``restart`` of a spotray run (the attempt after its ``restart``-th interruption; -1: the last) as its
-    ledger records it, once its first step has ended."""
+def _spotray_resumed(attempts: Location, phases: tuple[str, ...], restart: int) -> Resumed | None:
+    """Restart ``restart`` of a spotray run (the attempt after its ``restart``-th interruption) as its ledger records
+    it, once its first step has ended."""
     found = ledger.read_attempts(attempts)
-    if len(found) < 2 or len(found) <= restart:
+    if len(found) <= restart:
         return None
     status = goodput.read_status(attempts, found[restart].attempt_id)
     if not (status or {}).get("first_step_at"):
         return None
-    return _Resumed(found[restart].from_step, status["entered_at"], status["first_step_at"],
-                    {phase: status[f"{phase}_s"] for phase in phases})
+    return Resumed(found[restart].from_step, status["entered_at"], status["first_step_at"],
+                   {phase: status[f"{phase}_s"] for phase in phases})
 
 
-def start_baseline(module: str, job: dict, cluster: LocalCluster, log: Path) -> tuple[subprocess.Popen, Callable]:
-    """``python -m module JOB`` on the cluster; the process, and a reader of the progress file it keeps."""
+def baseline_job(module: str, job: dict, cluster: LocalCluster, log: Path, phases: tuple[str, ...] = ()) -> Job:
+    """``python -m module JOB`` on the cluster, read from the progress file it keeps at ``job["progress"]``: the
+    newest committed step and each attempt's (resumed-from step, train function entered, first step ended, then
+    ``phases``' seconds)."""
     progress = Path(job["progress"])
     proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(job)],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
@@ -130,20 +141,24 @@ def start_baseline(module: str, job: dict, cluster: LocalCluster, log: Path) -> 
         except (OSError, ValueError):
             return {}
 
-    return proc, read
+    def resumed(restart: int) -> Resumed | None:
+        attempts = read().get("attempts", [])
+        if not 0 < restart < len(attempts):
+            return None
+        from_step, entered_at, first_step_at, *seconds = attempts[restart]
+        return Resumed(from_step, entered_at, first_step_at, dict(zip(phases, seconds, strict=True)))
+
+    def resumed_from(restart: int) -> int | None:
+        found = resumed(restart)
+        return found.from_step if found else None
+
+    return Job(proc, lambda step: read().get("checkpointed", -1) > step, resumed_from, resumed)
 
 
-def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> _Job:
+def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> Job:
     job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray",
            "progress": str(log.with_suffix(".progress.json"))}
-    proc, read = start_baseline("spotray.bench.baseline_job", job, cluster, log)
-
-    def restart(n: int) -> _Resumed | None:
-        attempts = read().get("attempts", [])
-        return _Resumed(*attempts[n]) if 0 < n < len(attempts) else None
-
-    return _Job(proc, lambda step: read().get("checkpointed", -1) > step,
-                lambda n: (found := restart(n)) and found.from_step, restart)
+    return baseline_job("spotray.bench.baseline_job", job, cluster, log)
 
 
 def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, log: Path, timeout_s: float = 600):
@@ -158,14 +173,13 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, faults: tuple[_Fault, ...],
-               clusters: ReusedCluster) -> list[tuple[_Resumed, float, float]]:
+def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults: tuple[_Fault, ...],
+              clusters: ReusedCluster) -> list[tuple[Resumed, float, float]]:
     """Runs the job on a whole cluster through ``faults`` in turn: once a checkpoint later than where the job last
     resumed is committed, a worker node gets a notice or is killed, and ``gap_s`` later a replacement node starts.
     Per fault: the attempt resumed after it, the fault's time and the replacement's (UNIX times)."""
-    log = Path(workdir) / f"{cfg.run.name}.log"
     cluster = clusters.get()
-    job = start_job(cfg, cluster, log)
+    job = start_job(cluster, log)
     times: list[tuple[float, float]] = []
     try:
         for restart, fault in enumerate(faults):
@@ -177,17 +191,17 @@ def _interrupt(start_job, cfg: config.TrainConfig, workdir: str, faults: tuple[_
             time.sleep(fault.gap_s)
             times.append((fault_at, time.time()))  # the replacement machine is up and starts Ray
             cluster.add_node(wait=False)
-        job.proc.wait(timeout=600)
+        job.proc.wait(timeout=900)
     finally:
         job.proc.kill()
     resumed = [job.resumed(n) for n in range(1, len(faults) + 1)] if job.proc.returncode == 0 else [None]
     if None in resumed:
         clusters.discard()
-        raise SpotrayError(f"recovery bench: {cfg.run.name} failed or never resumed; see {log}")
+        raise SpotrayError(f"recovery bench: {log.stem} failed or never resumed; see {log}")
     return [(found, fault_at, back_at) for found, (fault_at, back_at) in zip(resumed, times, strict=True)]
 
 
-def _from_the_replacement(resumed: _Resumed, back_at: float) -> dict:
+def from_the_replacement(resumed: Resumed, back_at: float) -> dict:
     """Seconds from the replacement node's start to the end of the first resumed step, split into Ray's part (until
     the train function starts) and the worker's."""
     return {"recovery_s": round(resumed.first_step_at - back_at, 2),
@@ -202,18 +216,24 @@ def _round(fault: str, cfg_for: Callable[[str, int], config.TrainConfig], i: int
     """The baseline's kill (unless ``fault`` is notice), then one spotray run through ``SPOTRAY_FAULTS[fault]``."""
     drills = {}
     if fault != "notice":
-        ((resumed, _, back_at),) = _interrupt(_baseline_job, cfg_for(f"baseline-{i}", 1), workdir, (COMPARED,),
-                                              clusters)
-        drills["baseline"] = _from_the_replacement(resumed, back_at)
+        cfg = cfg_for(f"baseline-{i}", 1)
+        ((resumed, _, back_at),) = interrupt(functools.partial(_baseline_job, cfg), _log(workdir, cfg), (COMPARED,),
+                                             clusters)
+        drills["baseline"] = from_the_replacement(resumed, back_at)
     faults = SPOTRAY_FAULTS[fault]
-    measured = _interrupt(_spotray_job, cfg_for(f"spotray-{i}", len(faults)), workdir, faults, clusters)
+    cfg = cfg_for(f"spotray-{i}", len(faults))
+    measured = interrupt(functools.partial(_spotray_job, cfg), _log(workdir, cfg), faults, clusters)
     for each, (resumed, fault_at, back_at) in zip(faults, measured, strict=True):
         if each is COMPARED:
-            drills["spotray"] = _from_the_replacement(resumed, back_at)
+            drills["spotray"] = from_the_replacement(resumed, back_at)
         else:
             drills[each.kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2),
                                  "resumed_from": resumed.from_step}
     return drills
+
+
+def _log(workdir: str, cfg: config.TrainConfig) -> Path:
+    return Path(workdir) / f"{cfg.run.name}.log"
 
 
 def _figures(drills: dict[str, list[dict]]) -> dict:
@@ -221,14 +241,14 @@ def _figures(drills: dict[str, list[dict]]) -> dict:
     if "baseline" in drills:
         spotray, baseline = drills["spotray"], drills["baseline"]
         figures.update({
-            "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
-            "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
-            "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3)})
+            "recovery_ratio": round(best(spotray, "recovery_s") / best(baseline, "recovery_s"), 3),
+            "recovery_ratio_median": round(median(spotray, "recovery_s") / median(baseline, "recovery_s"), 3),
+            "worker_ratio": round(best(spotray, "worker_s") / best(baseline, "worker_s"), 3)})
     if "notice" in drills:
         notice, kill = drills["notice"], drills["kill"]
         figures.update({
-            "notice_minus_kill_s": round(_best(notice, "recovery_s") - _best(kill, "recovery_s"), 2),
-            "notice_minus_kill_s_median": round(_median(notice, "recovery_s") - _median(kill, "recovery_s"), 2)})
+            "notice_minus_kill_s": round(best(notice, "recovery_s") - best(kill, "recovery_s"), 2),
+            "notice_minus_kill_s_median": round(median(notice, "recovery_s") - median(kill, "recovery_s"), 2)})
     return figures
 
 
@@ -263,9 +283,9 @@ def _configs(data_url: str, ckpt_url: str, endpoint: str | None, storage: str, p
     return lambda name, faults: _config(data_url, ckpt_url, endpoint, f"{name}-{storage}", preset, every, faults)
 
 
-def _best(drills: list[dict], key: str) -> float:
+def best(drills: list[dict], key: str) -> float:
     return min(d[key] for d in drills)
 
 
-def _median(drills: list[dict], key: str) -> float:
+def median(drills: list[dict], key: str) -> float:
     return statistics.median(d[key] for d in drills)

@@ -19,31 +19,27 @@ disk); for Ray, the checkpoint directory ``as_directory`` gave each rank (one ra
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import statistics
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spotray import ledger
 from spotray.bench.common import machine, new_workdir
 from spotray.bench.recovery import (
     CAPACITY_GAP_S,
-    SETTLE_S,
-    _best,
-    _median,
-    _Resumed,
-    _wait,
-    spotray_resumed,
-    start_baseline,
+    COMPARED,
+    Job,
+    baseline_job,
+    best,
+    from_the_replacement,
+    interrupt,
+    median,
+    spotray_job,
 )
-from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.config import MODEL_PRESETS
-from spotray.drills.cluster import LocalCluster
+from spotray.drills.cluster import LocalCluster, ReusedCluster
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.files_checkpoint import RESTORED_MARK
@@ -76,14 +72,6 @@ class _NodeDisks(LocalCluster):
         return {**env, "TMPDIR": str(self._spawning)} if self._spawning else env
 
 
-@dataclass
-class _Job:
-    proc: subprocess.Popen
-    checkpointed: Callable[[], bool]  # a checkpoint is in storage
-    resumed: Callable[[], _Resumed | None]  # read once the job ended
-    bytes_read: Callable[[Path], dict[str, int]]  # {node: bytes it read at restores}, from the nodes' disks
-
-
 def _script_args(preset: str, every: int) -> list[str]:
     n_layer, n_head, n_embd = MODEL_PRESETS[preset]
     return ["--max-steps", str(STEPS_OVER_EVERY * every), "--save-steps", str(every), "--n-layer", str(n_layer),
@@ -91,87 +79,67 @@ def _script_args(preset: str, every: int) -> list[str]:
 
 
 def _spotray_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
-                 cluster: LocalCluster, log: Path) -> _Job:
+                 cluster: LocalCluster, log: Path) -> Job:
     overrides = [f"checkpoint.path={ckpt_url}", f"run.name={name}", f"scaling.num_workers={WORKERS}",
                  f"checkpoint.every_steps={every}", f"checkpoint.keep_last={KEEP_LAST}", "train.log_every=1",
                  "env.on_nodes=true",  # the nodes inherit the storage credentials, as the RayJob's pods get them
                  f"storage.endpoint_url={endpoint}"]
-    cmd = [sys.executable, "-m", "spotray.cli", "train", "--script", script.name,
-           *[arg for override in overrides for arg in ("--set", override)], "--", *args]
-    proc = subprocess.Popen(cmd, cwd=script.parent, env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    train_args = ["--script", script.name, *[arg for override in overrides for arg in ("--set", override)], "--", *args]
     root = resolve(ckpt_url, StorageOptions(endpoint_url=endpoint)).child(name)
-    attempts = ledger.attempts_root(root)
+    return spotray_job(train_args, root, ("restore",), cluster, log, cwd=script.parent)
 
-    def checkpointed() -> bool:
-        return bool(list_committed(checkpoints_root(root), warn=False))
 
-    def resumed() -> _Resumed | None:
-        return spotray_resumed(attempts, ("restore",))
-
-    def bytes_read(disks: Path) -> dict[str, int]:
-        """What each node's restore read from storage, as its restored directory records it (``hf.resume_checkpoint``'s,
-        under the node's ``$TMPDIR``): a node may take files it committed itself from its own disk."""
-        found = {}
-        for mark in sorted(disks.glob(f"*/spotray/{name}/resume/checkpoint/{RESTORED_MARK}")):
-            found[mark.relative_to(disks).parts[0]] = json.loads(mark.read_text())["bytes_read"]
-        return found
-
-    return _Job(proc, checkpointed, resumed, bytes_read)
+def _spotray_bytes_read(name: str, workdir: Path) -> dict[str, int]:
+    """What each node's restore read from storage, as its restored directory records it (``hf.resume_checkpoint``'s,
+    under the node's ``$TMPDIR``): a node may take files it committed itself from its own disk."""
+    found, disks = {}, _disks(workdir)
+    for mark in sorted(disks.glob(f"*/spotray/{name}/resume/checkpoint/{RESTORED_MARK}")):
+        found[mark.relative_to(disks).parts[0]] = json.loads(mark.read_text())["bytes_read"]
+    return found
 
 
 def _baseline_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
-                  cluster: LocalCluster, log: Path) -> _Job:
-    progress = log.with_suffix(".progress.json")
+                  cluster: LocalCluster, log: Path) -> Job:
     job = {"name": name, "storage": f"{ckpt_url}/ray", "endpoint": endpoint, "args": args, "workers": WORKERS,
-           "max_failures": 3, "keep_last": KEEP_LAST, "progress": str(progress)}
-    proc, read = start_baseline("spotray.bench.hf_ray_baseline", job, cluster, log)
-
-    def resumed() -> _Resumed | None:
-        attempts = read().get("attempts", [])
-        if len(attempts) < 2:
-            return None
-        from_step, entered_at, first_step_at, restore_s = attempts[-1]
-        return _Resumed(from_step, entered_at, first_step_at, {"restore": restore_s})
-
-    def bytes_read(disks: Path) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for ranks in progress.parent.glob(f"{progress.name}.rank*.jsonl"):
-            for line in ranks.read_text().splitlines():
-                record = json.loads(line)
-                found[record["node"]] = found.get(record["node"], 0) + record["bytes"]
-        return dict(sorted(found.items()))
-
-    return _Job(proc, lambda: "checkpointed" in read(), resumed, bytes_read)
+           "max_failures": 3, "keep_last": KEEP_LAST, "progress": str(_progress(log))}
+    return baseline_job("spotray.bench.hf_ray_baseline", job, cluster, log, phases=("restore",))
 
 
-def _drill(start_job, name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
-           workdir: Path, cluster: _NodeDisks) -> dict:
+def _baseline_bytes_read(name: str, workdir: Path) -> dict[str, int]:
+    """What each rank's ``as_directory`` gave it at restore, by node (one rank per node here)."""
+    found: dict[str, int] = {}
+    progress = _progress(_log(workdir, name))
+    for ranks in progress.parent.glob(f"{progress.name}.rank*.jsonl"):
+        for line in ranks.read_text().splitlines():
+            record = json.loads(line)
+            found[record["node"]] = found.get(record["node"], 0) + record["bytes"]
+    return dict(sorted(found.items()))
+
+
+def _progress(log: Path) -> Path:
+    return log.with_suffix(".progress.json")
+
+
+def _log(workdir: Path, name: str) -> Path:
+    return workdir / f"{name}.log"
+
+
+def _disks(workdir: Path) -> Path:
+    return workdir / "disks"
+
+
+SIDES = {"baseline": (_baseline_job, _baseline_bytes_read), "spotray": (_spotray_job, _spotray_bytes_read)}
+
+
+def _drill(side: str, name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
+           workdir: Path, clusters: ReusedCluster) -> dict:
     """``recovery``'s kill drill on a whole cluster of separate node disks; the seconds from the replacement node's
     start to the end of the first resumed step (Ray's part, until the train function runs, and the worker's), and the
     bytes each node read at restore."""
-    log = workdir / f"{name}.log"
-    job = start_job(name, ckpt_url, endpoint, args, every, script, cluster, log)
-    try:
-        _wait(job.checkpointed, job.proc, "a first checkpoint", log)
-        time.sleep(SETTLE_S)
-        cluster.kill(cluster.nodes[-1])
-        time.sleep(CAPACITY_GAP_S)
-        back_at = time.time()  # the replacement machine is up and starts Ray
-        # Nothing polls the node or the job from here on: both record their own timestamps, read at the end.
-        cluster.add_node(wait=False)
-        job.proc.wait(timeout=900)
-    finally:
-        job.proc.kill()
-    resumed = job.resumed() if job.proc.returncode == 0 else None
-    if resumed is None:
-        raise SpotrayError(f"recovery bench: {name} failed or never resumed; see {log}")
-    return {"recovery_s": round(resumed.first_step_at - back_at, 2),
-            "ray_s": round(resumed.entered_at - back_at, 2),
-            "worker_s": round(resumed.first_step_at - resumed.entered_at, 2),
-            "restore_s": round(resumed.phases["restore"], 2),
-            "resumed_from": resumed.from_step,
-            "bytes_read_per_node": job.bytes_read(cluster.disks)}
+    start_job, bytes_read = SIDES[side]
+    ((resumed, _, back_at),) = interrupt(functools.partial(start_job, name, ckpt_url, endpoint, args, every, script),
+                                         _log(workdir, name), (COMPARED,), clusters)
+    return {**from_the_replacement(resumed, back_at), "bytes_read_per_node": bytes_read(name, workdir)}
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
@@ -206,22 +174,21 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
 
 def _compare(ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path, workdir: Path,
              rounds: int) -> dict:
-    drills: dict[str, list[dict]] = {"baseline": [], "spotray": []}
-    cluster = _NodeDisks(workdir / "ray", drain_timeout_s=20, disks=workdir / "disks")
-    with cluster.start(workers=WORKERS):  # each drill leaves it whole: a node killed, a replacement joined
+    drills: dict[str, list[dict]] = {side: [] for side in SIDES}
+    with ReusedCluster(workdir / "ray", kind=functools.partial(_NodeDisks, disks=_disks(workdir))) as clusters:
         for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-            for name, job in (("baseline", _baseline_job), ("spotray", _spotray_job)):
-                drills[name].append(_drill(job, f"hf-{name}-{i}", ckpt_url, endpoint, args, every, script, workdir,
-                                           cluster))
-    shutil.rmtree(cluster.disks, ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
+            for side in SIDES:
+                drills[side].append(_drill(side, f"hf-{side}-{i}", ckpt_url, endpoint, args, every, script, workdir,
+                                           clusters))
+    shutil.rmtree(_disks(workdir), ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
     spotray, baseline = drills["spotray"], drills["baseline"]
     return {
         **drills,
-        "recovery_best_s": {side: _best(found, "recovery_s") for side, found in drills.items()},
-        "recovery_median_s": {side: _median(found, "recovery_s") for side, found in drills.items()},
-        "recovery_ratio": round(_best(spotray, "recovery_s") / _best(baseline, "recovery_s"), 3),
-        "recovery_ratio_median": round(_median(spotray, "recovery_s") / _median(baseline, "recovery_s"), 3),
-        "worker_ratio": round(_best(spotray, "worker_s") / _best(baseline, "worker_s"), 3),
+        "recovery_best_s": {side: best(found, "recovery_s") for side, found in drills.items()},
+        "recovery_median_s": {side: median(found, "recovery_s") for side, found in drills.items()},
+        "recovery_ratio": round(best(spotray, "recovery_s") / best(baseline, "recovery_s"), 3),
+        "recovery_ratio_median": round(median(spotray, "recovery_s") / median(baseline, "recovery_s"), 3),
+        "worker_ratio": round(best(spotray, "worker_s") / best(baseline, "worker_s"), 3),
         "restore_mb_per_node_median": {side: _median_mb(found) for side, found in drills.items()},
     }
 

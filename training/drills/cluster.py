@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,8 +221,10 @@ class ReusedCluster:
     kept from one drill to the next while it is whole, replaced when it is not or when a drill failed on it (a
     driver may still run there). Starting a cluster costs more than most drills' training."""
 
-    def __init__(self, log_dir: Path, workers: int = 2, drain_timeout_s: float = 20.0):
-        self.log_dir, self.workers, self.drain_timeout_s = log_dir, workers, drain_timeout_s
+    def __init__(self, log_dir: Path, workers: int = 2, drain_timeout_s: float = 20.0,
+                 kind: Callable[..., LocalCluster] = LocalCluster):
+        """``kind``: makes each cluster from its log folder and ``drain_timeout_s``."""
+        self.log_dir, self.workers, self.drain_timeout_s, self.kind = log_dir, workers, drain_timeout_s, kind
         self._started = 0
         self._current: LocalCluster | None = None
 
@@ -230,8 +233,8 @@ class ReusedCluster:
             self.discard()
         if not self._current:
             self._started += 1
-            self._current = LocalCluster(self.log_dir / str(self._started),
-                                         drain_timeout_s=self.drain_timeout_s).start(workers=self.workers)
+            self._current = self.kind(self.log_dir / str(self._started),
+                                      drain_timeout_s=self.drain_timeout_s).start(workers=self.workers)
         return self._current
 
     def discard(self) -> None:
