@@ -43,10 +43,9 @@ prometheus:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Every test and drill (those that need a GPU skip themselves without one), on two workers: the drills, which share
-# one local Ray cluster, start first on one; every other file runs whole on either (tests/conftest.py).
+# Every test and drill (those that need a GPU skip themselves without one).
 test: lint prometheus $(CHECKOV)
-	$(BIN)/python -m pytest -n 2 --no-loadscope-reorder
+	$(BIN)/python -m pytest
 
 # Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
 quick: lint prometheus $(CHECKOV)

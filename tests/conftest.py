@@ -8,7 +8,6 @@ import time
 
 import psutil
 import pytest
-from xdist.scheduler import LoadScopeScheduling
 
 from spotray.data.prepare import prepare
 from spotray.drills.s3local import create_bucket, moto_server
@@ -22,8 +21,6 @@ SERVICES = ("raylet", "gcs_server", "ray/dashboard", "ray::", "moto_server", "mo
 SESSION_VARIABLE = "SPOTRAY_TEST_SESSION"
 LEFTOVER_GRACE_S = 30  # Ray's processes exit a few seconds after ray.shutdown()
 _SECONDS_BY_FOLDER: dict[str, list] = {}  # folder -> [seconds, tests run]
-_LEFT_IN_WORKERS: list[str] = []  # under pytest-xdist: the services each worker's session left running
-DRILLS = "tests/drills/"
 
 
 def _services(session_id: str) -> dict[int, str]:
@@ -81,51 +78,20 @@ def pytest_terminal_summary(terminalreporter):
     for folder, (seconds, tests) in sorted(_SECONDS_BY_FOLDER.items(), key=lambda kv: -kv[1][0]):
         terminalreporter.write_line(f"{seconds / 60:6.1f} min  {tests:4d} tests  {folder}")
     total = sum(seconds for seconds, _ in _SECONDS_BY_FOLDER.values())
-    terminalreporter.write_line(f"{total / 60:6.1f} min  in all (under pytest-xdist, the workers' together)")
-
-
-def pytest_collection_modifyitems(items):
-    """The drills first, then the files with whole training runs, then the rest (a stable sort: a file's tests keep
-    their order). Under pytest-xdist (``make test``) this is the order in which the workers get their units of work
-    (``DrillsTogether``): the drills start at once on one worker while the other fills the time they spend waiting."""
-    heavy = {item.path for item in items if item.get_closest_marker("e2e") or item.get_closest_marker("cluster")}
-    items.sort(key=lambda item: 0 if item.nodeid.startswith(DRILLS) else 1 if item.path in heavy else 2)
-
-
-class DrillsTogether(LoadScopeScheduling):
-    """pytest-xdist's units of work: the drills together (they share one local cluster), every other file whole (its
-    module fixtures made once)."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return "drills" if nodeid.startswith(DRILLS) else nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    return DrillsTogether(config, log)
+    terminalreporter.write_line(f"{total / 60:6.1f} min  in all")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fails the session where a service a test started outlives it (session fixtures are torn down by now); under
-    pytest-xdist each worker checks its own and the controller fails the run for them."""
+    """Fails the session where a service a test started outlives it (session fixtures are torn down by now)."""
     session_id = os.environ[SESSION_VARIABLE]
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := _services(session_id)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"
-             for pid, cmd in sorted(left.items())] + _LEFT_IN_WORKERS
-    if hasattr(session.config, "workeroutput"):  # a worker: the controller reports them
-        session.config.workeroutput["left_running"] = lines
-    elif lines:
+    if left:
+        lines = [f"  pid {pid} (listening on {_listening_ports(pid) or 'no port'}): {cmd[:160]}"
+                 for pid, cmd in sorted(left.items())]
         print("\nleft running after the session:\n" + "\n".join(lines))
-    if lines:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error):
-    """pytest-xdist's: a worker ended; what its session left running."""
-    _LEFT_IN_WORKERS.extend(getattr(node, "workeroutput", {}).get("left_running", []))
 
 
 @pytest.fixture(scope="session")

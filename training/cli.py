@@ -251,6 +251,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fault", choices=["kill", "notice", "both"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
                         "notice (spotray's recovery from a notice against from a kill, timed from the fault), or both")
+    p.add_argument("--capacity-gap", type=float, default=None, metavar="SECONDS",
+                   help="recovery bench: how long the cluster stays a node short after a compared kill, before the "
+                        "replacement starts (default 10: Ray has noticed the loss and waits for capacity)")
     p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
     p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
     p.add_argument("--rates", default="1,2,3",

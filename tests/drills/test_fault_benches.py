@@ -14,9 +14,12 @@ from tests.training.test_bench import assert_made_by, assert_ratios
 def test_recovery_bench_on_local_storage_against_ray_and_from_a_notice_against_a_kill(reused_clusters):
     from spotray.bench.recovery import run
 
-    # 100-step intervals: the tiny model must not finish its steps before the drill's faults land.
-    result = run(["local"], preset="tiny", rounds=1, every=100, fault="both", clusters=reused_clusters)
+    # 100-step intervals: the tiny model must not finish its steps before the drill's faults land. A 2 s capacity gap,
+    # as in the script bench's smoke test.
+    result = run(["local"], preset="tiny", rounds=1, every=100, fault="both", clusters=reused_clusters,
+                 capacity_gap_s=2)
     assert_made_by(result, "tiny")
+    assert result["capacity_gap_s"] == 2
     local = result["local"]
     for side in ("baseline", "spotray"):
         (drill,) = local[side]

@@ -107,6 +107,7 @@ def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline(ray_ad
     (["recovery", "--script", "--fault", "notice"], "--fault notice is not measured for a script"),
     (["recovery", "--script", "--storage", "local,s3"], "give --storage s3"),
     (["checkpoint", "--script"], "--script: only with `bench recovery`"),
+    (["recovery", "--script", "--capacity-gap", "-1"], "--capacity-gap -1: give 0 or more seconds"),
 ])
 def test_the_script_recovery_bench_refuses_what_it_does_not_measure_before_starting_anything(argv, error, capsys):
     from spotray.cli import main
@@ -117,8 +118,10 @@ def test_the_script_recovery_bench_refuses_what_it_does_not_measure_before_start
 
 @pytest.mark.cluster  # a bench command: it starts its own Ray
 def test_recovery_bench_of_a_trainer_script_against_rays_integration():
-    # 50-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands.
-    result = bench("recovery", "--script", "--rounds", "1", "--steps", "50")
+    # 50-step intervals: the tiny model must not finish its 300 steps before the drill's kill lands. A 2 s gap: the
+    # figure's meaning needs Ray to have noticed the loss before the replacement starts, a smoke test does not.
+    result = bench("recovery", "--script", "--rounds", "1", "--steps", "50", "--capacity-gap", "2")
+    assert result["capacity_gap_s"] == 2
     s3 = result["s3"]
     for side in ("baseline", "spotray"):
         (drill,) = s3[side]

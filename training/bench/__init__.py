@@ -16,7 +16,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from spotray.bench.recovery_script import run
 
         return run(_storages(args.storage or "s3"), s3_endpoint=args.s3_endpoint, preset=args.preset,
-                   rounds=args.rounds, every=args.steps or 5, fault=args.fault)
+                   rounds=args.rounds, every=args.steps or 5, fault=args.fault, **_gap(args))
     if which == "checkpoint":
         from spotray.bench.checkpoint import run
 
@@ -26,7 +26,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from spotray.bench.recovery import run
 
         return run(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint, preset=args.preset,
-                   rounds=args.rounds, every=args.steps or 5, fault=args.fault)
+                   rounds=args.rounds, every=args.steps or 5, fault=args.fault, **_gap(args))
     if which == "pretrained":
         from spotray.bench.pretrained import run
 
@@ -67,6 +67,14 @@ def _storages(arg: str) -> list[str]:
     if unknown or not storages:
         raise SpotrayError(f"--storage: unknown {sorted(unknown)}; use a comma-separated list of local, s3")
     return storages
+
+
+def _gap(args: argparse.Namespace) -> dict:
+    if args.capacity_gap is None:
+        return {}
+    if args.capacity_gap < 0:
+        raise SpotrayError(f"--capacity-gap {args.capacity_gap:g}: give 0 or more seconds")
+    return {"capacity_gap_s": args.capacity_gap}
 
 
 def _rates(arg: str) -> tuple[float, ...]:

@@ -65,14 +65,12 @@ class Resumed:
 
 
 @dataclass(frozen=True)
-class _Fault:
+class Fault:
     kind: str  # "notice" or "kill"
     gap_s: float  # how long the cluster stays a node short before the replacement starts
 
 
-COMPARED = _Fault("kill", CAPACITY_GAP_S)  # spotray's against the baseline's: timed from the replacement's start
-FROM_THE_FAULT = (_Fault("notice", 0.0), _Fault("kill", 0.0))  # a replacement at once: timed from the fault
-SPOTRAY_FAULTS = {"kill": (COMPARED,), "notice": FROM_THE_FAULT, "both": (COMPARED, *FROM_THE_FAULT)}
+FROM_THE_FAULT = (Fault("notice", 0.0), Fault("kill", 0.0))  # a replacement at once: timed from the fault
 _RESUMED_LINE = re.compile(r"^spotray: RESUMED from step (\d+)", re.MULTILINE)
 
 
@@ -173,7 +171,7 @@ def _wait(predicate: Callable[[], object], proc: subprocess.Popen, what: str, lo
     raise SpotrayError(f"recovery bench: {what} did not happen; see {log}")
 
 
-def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults: tuple[_Fault, ...],
+def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults: tuple[Fault, ...],
               clusters: ReusedCluster) -> list[tuple[Resumed, float, float]]:
     """Runs the job on a whole cluster through ``faults`` in turn: once a checkpoint later than where the job last
     resumed is committed, a worker node gets a notice or is killed, and ``gap_s`` later a replacement node starts.
@@ -211,20 +209,21 @@ def from_the_replacement(resumed: Resumed, back_at: float) -> dict:
             "resumed_from": resumed.from_step}
 
 
-def _round(fault: str, cfg_for: Callable[[str, int], config.TrainConfig], i: int, workdir: str,
+def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.TrainConfig], i: int, workdir: str,
            clusters: ReusedCluster) -> dict[str, dict]:
-    """The baseline's kill (unless ``fault`` is notice), then one spotray run through ``SPOTRAY_FAULTS[fault]``."""
+    """The baseline's ``compared`` kill (unless ``fault`` is notice), then one spotray run through its faults: the
+    compared kill, the notice and the kill timed from the fault, or both."""
     drills = {}
     if fault != "notice":
         cfg = cfg_for(f"baseline-{i}", 1)
-        ((resumed, _, back_at),) = interrupt(functools.partial(_baseline_job, cfg), _log(workdir, cfg), (COMPARED,),
+        ((resumed, _, back_at),) = interrupt(functools.partial(_baseline_job, cfg), _log(workdir, cfg), (compared,),
                                              clusters)
         drills["baseline"] = from_the_replacement(resumed, back_at)
-    faults = SPOTRAY_FAULTS[fault]
+    faults = {"kill": (compared,), "notice": FROM_THE_FAULT, "both": (compared, *FROM_THE_FAULT)}[fault]
     cfg = cfg_for(f"spotray-{i}", len(faults))
     measured = interrupt(functools.partial(_spotray_job, cfg), _log(workdir, cfg), faults, clusters)
     for each, (resumed, fault_at, back_at) in zip(faults, measured, strict=True):
-        if each is COMPARED:
+        if each is compared:
             drills["spotray"] = from_the_replacement(resumed, back_at)
         else:
             drills[each.kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2),
@@ -253,13 +252,16 @@ def _figures(drills: dict[str, list[dict]]) -> dict:
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
-        every: int = 5, fault: str = "kill", clusters: ReusedCluster | None = None) -> dict:
+        every: int = 5, fault: str = "kill", clusters: ReusedCluster | None = None,
+        capacity_gap_s: float = CAPACITY_GAP_S) -> dict:
     """``clusters``: where the cluster comes from when it may outlive the bench (the drills', whose nodes already hold
-    ``s3_endpoint``'s credentials), else one of its own per storage."""
+    ``s3_endpoint``'s credentials), else one of its own per storage. ``capacity_gap_s``: how long the cluster stays a
+    node short after the compared kill."""
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
+    compared = Fault("kill", capacity_gap_s)  # spotray's against the baseline's: timed from the replacement's start
     result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
-              **({"capacity_gap_s": CAPACITY_GAP_S} if COMPARED in SPOTRAY_FAULTS[fault] else {})}
+              **({"capacity_gap_s": capacity_gap_s} if fault != "notice" else {})}
     with contextlib.ExitStack() as stack:
         for storage in storages:
             endpoint = None
@@ -271,7 +273,7 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
             cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
             with given_or_own(clusters, Path(workdir) / f"ray-{storage}") as reused:
                 # interleaved, so drift on a noisy machine hits both sides alike
-                found = [_round(fault, cfg_for, i, workdir, reused) for i in range(rounds)]
+                found = [_round(fault, compared, cfg_for, i, workdir, reused) for i in range(rounds)]
             drills = {key: [each[key] for each in found] for key in found[0]}
             result[storage] = {**drills, **_figures(drills)}
     return result

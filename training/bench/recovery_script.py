@@ -29,7 +29,7 @@ from pathlib import Path
 from spotray.bench.common import machine, new_workdir
 from spotray.bench.recovery import (
     CAPACITY_GAP_S,
-    COMPARED,
+    Fault,
     Job,
     baseline_job,
     best,
@@ -132,18 +132,18 @@ SIDES = {"baseline": (_baseline_job, _baseline_bytes_read), "spotray": (_spotray
 
 
 def _drill(side: str, name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
-           workdir: Path, clusters: ReusedCluster) -> dict:
+           workdir: Path, clusters: ReusedCluster, capacity_gap_s: float) -> dict:
     """``recovery``'s kill drill on a whole cluster of separate node disks; the seconds from the replacement node's
     start to the end of the first resumed step (Ray's part, until the train function runs, and the worker's), and the
     bytes each node read at restore."""
     start_job, bytes_read = SIDES[side]
     ((resumed, _, back_at),) = interrupt(functools.partial(start_job, name, ckpt_url, endpoint, args, every, script),
-                                         _log(workdir, name), (COMPARED,), clusters)
+                                         _log(workdir, name), (Fault("kill", capacity_gap_s),), clusters)
     return {**from_the_replacement(resumed, back_at), "bytes_read_per_node": bytes_read(name, workdir)}
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "small", rounds: int = 2,
-        every: int = 5, fault: str = "kill") -> dict:
+        every: int = 5, fault: str = "kill", capacity_gap_s: float = CAPACITY_GAP_S) -> dict:
     if fault != "kill":
         raise SpotrayError(f"bench recovery --script: --fault {fault} is not measured for a script; use --fault "
                            "kill (spotray's script path against Ray's own Trainer integration)")
@@ -163,23 +163,23 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
     args = _script_args(preset, every)
     result = {"machine": machine(), "model": preset, **_state_mb(preset), "workers": WORKERS,
               "checkpoint_every_steps": every, "max_steps": STEPS_OVER_EVERY * every, "fault": fault,
-              "capacity_gap_s": CAPACITY_GAP_S, "script": "spotray/examples/hf_finetune.py",
+              "capacity_gap_s": capacity_gap_s, "script": "spotray/examples/hf_finetune.py",
               "baseline_script": "spotray/bench/hf_ray_baseline.py"}
     with contextlib.ExitStack() as stack:
         endpoint = s3_endpoint or stack.enter_context(moto_server())  # before the clusters: nodes inherit its keys
         ckpt_url = f"{create_bucket(endpoint)}/ckpt"
-        result["s3"] = _compare(ckpt_url, endpoint, args, every, script, workdir, rounds)
+        result["s3"] = _compare(ckpt_url, endpoint, args, every, script, workdir, rounds, capacity_gap_s)
     return result
 
 
 def _compare(ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path, workdir: Path,
-             rounds: int) -> dict:
+             rounds: int, capacity_gap_s: float) -> dict:
     drills: dict[str, list[dict]] = {side: [] for side in SIDES}
     with ReusedCluster(workdir / "ray", kind=functools.partial(_NodeDisks, disks=_disks(workdir))) as clusters:
         for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
             for side in SIDES:
                 drills[side].append(_drill(side, f"hf-{side}-{i}", ckpt_url, endpoint, args, every, script, workdir,
-                                           clusters))
+                                           clusters, capacity_gap_s))
     shutil.rmtree(_disks(workdir), ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
     spotray, baseline = drills["spotray"], drills["baseline"]
     return {
