@@ -125,11 +125,11 @@ def _spotray_resumed(attempts: Location, phases: tuple[str, ...], restart: int) 
 
 
 def baseline_job(module: str, job: dict, cluster: LocalCluster, log: Path, phases: tuple[str, ...] = ()) -> Job:
-    """``python -m module JOB`` on the cluster, read from the progress file it keeps at ``job["progress"]``: the
+    """``python -m module JOB`` on the cluster, read from the progress file it keeps (``progress_file(log)``): the
     newest committed step and each attempt's (resumed-from step, train function entered, first step ended, then
     ``phases``' seconds)."""
-    progress = Path(job["progress"])
-    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(job)],
+    progress = progress_file(log)
+    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps({**job, "progress": str(progress)})],
                             env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
 
@@ -154,8 +154,7 @@ def baseline_job(module: str, job: dict, cluster: LocalCluster, log: Path, phase
 
 
 def _baseline_job(cfg: config.TrainConfig, cluster: LocalCluster, log: Path) -> Job:
-    job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray",
-           "progress": str(log.with_suffix(".progress.json"))}
+    job = {"train": cfg.to_dict(), "storage": f"{cfg.checkpoint.path}/ray"}
     return baseline_job("spotray.bench.baseline_job", job, cluster, log)
 
 
@@ -216,12 +215,12 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
     drills = {}
     if fault != "notice":
         cfg = cfg_for(f"baseline-{i}", 1)
-        ((resumed, _, back_at),) = interrupt(functools.partial(_baseline_job, cfg), _log(workdir, cfg), (compared,),
-                                             clusters)
+        ((resumed, _, back_at),) = interrupt(functools.partial(_baseline_job, cfg), job_log(workdir, cfg.run.name),
+                                             (compared,), clusters)
         drills["baseline"] = from_the_replacement(resumed, back_at)
     faults = {"kill": (compared,), "notice": FROM_THE_FAULT, "both": (compared, *FROM_THE_FAULT)}[fault]
     cfg = cfg_for(f"spotray-{i}", len(faults))
-    measured = interrupt(functools.partial(_spotray_job, cfg), _log(workdir, cfg), faults, clusters)
+    measured = interrupt(functools.partial(_spotray_job, cfg), job_log(workdir, cfg.run.name), faults, clusters)
     for each, (resumed, fault_at, back_at) in zip(faults, measured, strict=True):
         if each is compared:
             drills["spotray"] = from_the_replacement(resumed, back_at)
@@ -231,8 +230,14 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
     return drills
 
 
-def _log(workdir: str, cfg: config.TrainConfig) -> Path:
-    return Path(workdir) / f"{cfg.run.name}.log"
+def job_log(workdir: str | Path, name: str) -> Path:
+    """Where a bench job's console goes."""
+    return Path(workdir) / f"{name}.log"
+
+
+def progress_file(log: Path) -> Path:
+    """Where a baseline job beside ``log`` keeps its progress."""
+    return log.with_suffix(".progress.json")
 
 
 def _figures(drills: dict[str, list[dict]]) -> dict:

@@ -35,7 +35,9 @@ from spotray.bench.recovery import (
     best,
     from_the_replacement,
     interrupt,
+    job_log,
     median,
+    progress_file,
     spotray_job,
 )
 from spotray.config import MODEL_PRESETS
@@ -101,27 +103,19 @@ def _spotray_bytes_read(name: str, workdir: Path) -> dict[str, int]:
 def _baseline_job(name: str, ckpt_url: str, endpoint: str, args: list[str], every: int, script: Path,
                   cluster: LocalCluster, log: Path) -> Job:
     job = {"name": name, "storage": f"{ckpt_url}/ray", "endpoint": endpoint, "args": args, "workers": WORKERS,
-           "max_failures": 3, "keep_last": KEEP_LAST, "progress": str(_progress(log))}
+           "max_failures": 3, "keep_last": KEEP_LAST}
     return baseline_job("spotray.bench.hf_ray_baseline", job, cluster, log, phases=("restore",))
 
 
 def _baseline_bytes_read(name: str, workdir: Path) -> dict[str, int]:
     """What each rank's ``as_directory`` gave it at restore, by node (one rank per node here)."""
     found: dict[str, int] = {}
-    progress = _progress(_log(workdir, name))
+    progress = progress_file(job_log(workdir, name))
     for ranks in progress.parent.glob(f"{progress.name}.rank*.jsonl"):
         for line in ranks.read_text().splitlines():
             record = json.loads(line)
             found[record["node"]] = found.get(record["node"], 0) + record["bytes"]
     return dict(sorted(found.items()))
-
-
-def _progress(log: Path) -> Path:
-    return log.with_suffix(".progress.json")
-
-
-def _log(workdir: Path, name: str) -> Path:
-    return workdir / f"{name}.log"
 
 
 def _disks(workdir: Path) -> Path:
@@ -138,7 +132,7 @@ def _drill(side: str, name: str, ckpt_url: str, endpoint: str, args: list[str], 
     bytes each node read at restore."""
     start_job, bytes_read = SIDES[side]
     ((resumed, _, back_at),) = interrupt(functools.partial(start_job, name, ckpt_url, endpoint, args, every, script),
-                                         _log(workdir, name), (Fault("kill", capacity_gap_s),), clusters)
+                                         job_log(workdir, name), (Fault("kill", capacity_gap_s),), clusters)
     return {**from_the_replacement(resumed, back_at), "bytes_read_per_node": bytes_read(name, workdir)}
 
 
