@@ -43,18 +43,15 @@ prometheus:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Every test and drill (those that need a GPU skip themselves without one), in two rounds (markers: tests/conftest.py).
-# First, at once: the tests that use no Ray on $(PARALLEL_TESTS) pytest-xdist workers (their output follows), and
-# those that use the session's local Ray one at a time. Then the `serial` ones, alone on the machine: a drill's node
-# must start within Ray's fixed wait. Every round runs; 5 is pytest's "no test selected" (a PYTEST_ADDOPTS subset).
+# Every test and drill (those that need a GPU skip themselves without one), in two rounds: the tests not marked
+# `serial` on $(PARALLEL_TESTS) pytest-xdist workers, then the serial ones (tests/conftest.py) one at a time, alone on
+# the machine: a drill's node must start within Ray's fixed wait. The second round runs whatever the first's
+# outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
 PARALLEL_TESTS ?= 2
 test: lint prometheus $(CHECKOV)
-	log=$$(mktemp); \
-	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not ray and not serial" > $$log 2>&1 & parallel_pid=$$!; \
-	$(BIN)/python -m pytest -m "ray and not serial"; ray=$$?; \
-	wait $$parallel_pid; parallel=$$?; cat $$log; rm -f $$log; \
+	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not serial"; parallel=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
-	for rc in $$parallel $$ray $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
 quick: lint prometheus $(CHECKOV)

@@ -56,13 +56,11 @@ RAY_TIMINGS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_t
                "RAY_metrics_report_interval_ms": "1000"}
 
 
-# The markers a test gets from what it requests: `ray` from the session's local Ray, `serial` from the drills' cluster
-# (as from the `cluster` marker). make test runs each group in its own round (Makefile).
+# `serial` (make test runs these alone, one at a time, after the others) for a test that starts Ray nodes: the
+# `cluster` marker, or the drills' cluster.
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "ray_cluster" in item.fixturenames:
-            item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("cluster") or "reused_clusters" in item.fixturenames:
             item.add_marker(pytest.mark.serial)
 

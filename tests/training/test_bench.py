@@ -38,7 +38,7 @@ def assert_ratios(result: dict, *keys: str) -> None:
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, f"{key} = {value!r}"
 
 
-@pytest.mark.cluster  # a bench command
+@pytest.mark.e2e  # a bench command on the session's Ray
 def test_checkpoint_bench_on_s3(ray_address):
     result = bench("checkpoint", "--storage", "s3", "--steps", "2", ray_address=ray_address)
     assert "local" not in result and result["repeats"] == 2
@@ -47,7 +47,7 @@ def test_checkpoint_bench_on_s3(ray_address):
     assert_ratios(s3, "async_over_sync", "write_throughput_ratio", "checkpoint_mb", "sync_blocked_s")
 
 
-@pytest.mark.cluster  # a bench command
+@pytest.mark.e2e  # a bench command on the session's Ray
 def test_throughput_bench(ray_address):
     result = bench("throughput", "--steps", "3", "--rounds", "1", ray_address=ray_address)
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
@@ -63,7 +63,7 @@ def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
         _bare_step_s(cfg)
 
 
-@pytest.mark.cluster  # a bench command
+@pytest.mark.e2e  # a bench command on the session's Ray
 def test_throughput_bench_of_a_transformers_model(ray_address):
     llama = '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, ' \
             '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256}'
@@ -85,7 +85,7 @@ def test_export_bench():
     assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
 
 
-@pytest.mark.cluster  # a bench command
+@pytest.mark.e2e  # a bench command on the session's Ray
 def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline(ray_address):
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],
                           capture_output=True, text=True, timeout=900, env=cli_env(RAY_ADDRESS=ray_address))

@@ -8,7 +8,7 @@ import pytest
 from tests.training.test_bench import assert_ratios, bench
 
 
-@pytest.mark.cluster  # a bench command
+@pytest.mark.e2e  # a bench command on the session's Ray
 def test_tracking_bench(ray_address):
     result = bench("tracking", "--steps", "12", "--rounds", "1", ray_address=ray_address)
     assert {variant: len(seconds) for variant, seconds in result["step_s"].items()} == {
