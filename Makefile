@@ -44,13 +44,12 @@ prometheus:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
 # Every test and drill (those that need a GPU skip themselves without one), in two rounds: the tests not marked
-# `serial` on $(PARALLEL_TESTS) pytest-xdist workers, each module whole on one (its module fixtures, such as a
-# reference run or a tracking server, are made once), then the serial ones (tests/conftest.py) one at a time, alone on
+# `serial` on $(PARALLEL_TESTS) pytest-xdist workers, then the serial ones (tests/conftest.py) one at a time, alone on
 # the machine: a drill's node must start within Ray's fixed wait. The second round runs whatever the first's
 # outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
 PARALLEL_TESTS ?= 2
 test: lint prometheus $(CHECKOV)
-	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) --dist loadscope -m "not serial"; parallel=$$?; \
+	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not serial"; parallel=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
 	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 

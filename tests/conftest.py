@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_sessionstart(session):
-    os.environ[SESSION_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+    # pytest-xdist starts its workers after this: they keep the id, and the check at the end covers what they started.
+    os.environ.setdefault(SESSION_VARIABLE, f"{os.getpid()}-{time.time_ns()}")
     for name, value in RAY_TIMINGS.items():
         os.environ.setdefault(name, value)
 
@@ -91,7 +92,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fails the session where a service a test started outlives it (session fixtures are torn down by now)."""
+    """Fails the session where a service a test started outlives it (session fixtures are torn down by now); under
+    pytest-xdist, once, in the controller, after every worker ended."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     session_id = os.environ[SESSION_VARIABLE]
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (left := _services(session_id)) and time.monotonic() < deadline:
