@@ -159,7 +159,7 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     assert "spotray INFO: step 8/8" in again.stderr, "--verbose shows the workers' lines"
 
 
-@pytest.mark.serial  # starts a Ray of its own
+@pytest.mark.cluster  # starts a Ray of its own
 @pytest.mark.e2e
 def test_prepare_on_ray_prints_its_summary_and_verify_names_a_damaged_shard(spotray, image_env, tmp_path):
     lines = [json.dumps({"body": f"document {i} " + "spot ray " * (i % 17)}) for i in range(400)]

@@ -41,7 +41,7 @@ def _owned(path: Path) -> Path:
     return path
 
 
-@pytest.mark.serial  # starts a Ray of its own
+@pytest.mark.cluster  # starts a Ray of its own
 @pytest.mark.e2e
 def test_training_runs_with_no_passwd_entry_no_writable_home_and_only_the_pods_writable_paths():
     with pytest.raises(KeyError):
