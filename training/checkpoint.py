@@ -193,10 +193,16 @@ class _CommittingWriter(_FileSystemWriter):
     """One file per rank holding raw tensor bytes back to back: no per-tensor ``torch.save`` archive, since
     shapes and dtypes are in DCP's ``.metadata`` and each item's CRC32 rides along in its storage info."""
 
-    def __init__(self, location: Location, marker: dict, on_commit):
+    def __init__(self, location: Location, marker: dict, on_commit, refused: str | None = None):
+        """``refused``: why this save must not write (rank 0's reason; DCP fails the save on every rank)."""
         super().__init__(location.path, sync_files=False, overwrite=True)
         self.fs = _DcpFileSystem(location)
-        self.location, self.marker, self.on_commit = location, marker, on_commit
+        self.location, self.marker, self.on_commit, self.refused = location, marker, on_commit, refused
+
+    def prepare_local_plan(self, plan):
+        if self.refused:
+            raise StorageError(self.refused)
+        return super().prepare_local_plan(plan)
 
     def write_data(self, plan, planner) -> torch.futures.Future:
         file_name = f"{plan.storage_data.prefix}0{_DATA_SUFFIX}"
@@ -368,11 +374,11 @@ class Checkpointer:
         ``blocking``): returns it once committed, or None if it failed. Async: returns the previous save (waited for,
         so at most one is in flight) and lets this one finish in the background."""
         previous = self.wait()
-        self._tidy_before_writing()
+        untidy = self._tidy_before_writing()
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
-        writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step))
+        writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step), refused=untidy)
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
@@ -455,25 +461,26 @@ class Checkpointer:
         self._written.add(committed_step)
         self._retained = self._retention.submit(self._apply_retention, max(self._written))
 
-    def _tidy_before_writing(self) -> None:
+    def _tidy_before_writing(self) -> str | None:
         """The last commit's retention done, and done again where it failed (an outage: what it could not delete
         would stay beside the new save); at an attempt's first save, what a killed attempt left is retained now. And
-        the folders of failed saves gone, where storage lets them go."""
+        the folders of failed saves gone. Returns, on rank 0, why the save must not write: storage still holds
+        what it could not delete (the save fails as in the outage that stopped the deleting, and is tried again)."""
         retained = self._retained
         if retained is not None:
             wait_for([retained])
-        if self.rank == 0 and (retained is None or retained.exception() is not None):
-            try:
+        if self.rank != 0:
+            return None
+        try:
+            if retained is None or retained.exception() is not None:
                 self._apply_retention(max(self._written, default=self.resumed_from or 0))
                 self._retained = _DONE
-            except StorageError as exc:
-                log.info("retention before the next save: %s", exc)  # the next commit's retention tries again
-        for folder in list(self._failed_folders):
-            try:
+            for folder in list(self._failed_folders):
                 folder.delete_tree()
                 self._failed_folders.remove(folder)
-            except StorageError:
-                break  # storage is still out: the next save tries again
+        except StorageError as exc:
+            return f"older checkpoints past keep_last={self.keep_last} could not be deleted first: {_first_line(exc)}"
+        return None
 
     def close(self) -> None:
         """Wait for the in-flight save and for retention to finish."""

@@ -249,6 +249,39 @@ def test_a_retention_that_failed_in_an_outage_is_done_before_the_next_save_write
     assert held[-1] == ["step_000000020", "step_000000030"], held  # 10 went before 40 was written
 
 
+def test_a_save_while_retention_still_cannot_delete_fails_without_writing_and_the_retry_tidies_first(tmp_path,
+                                                                                                     monkeypatch):
+    """Writing beside what retention could not delete would hold keep_last + 2 folders (the soak saw 5 of 4)."""
+    run_root = resolve(str(tmp_path / "run"))
+    apply_retention, write_data = checkpoint.Checkpointer._apply_retention, checkpoint._CommittingWriter.write_data
+    held, outage = [], {"on": False}
+
+    def retention_in_the_outage(self, newest):
+        if outage["on"] and newest >= 30:  # not the retention of 20, which may still be running in its thread
+            raise StorageError("cannot list: storage went away")
+        apply_retention(self, newest)
+
+    def counting_write(self, plan, planner):
+        held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention_in_the_outage)
+    monkeypatch.setattr(checkpoint._CommittingWriter, "write_data", counting_write)
+    ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
+    for step in (10, 20):
+        ckpt.save(step, {"box": Box(float(step))})
+    outage["on"] = True  # 30 commits, its retention fails, and so does the next save's
+    ckpt.save(30, {"box": Box(30.0)})
+    assert ckpt.save(40, {"box": Box(40.0)}) is None and ckpt.failed_saves == 1
+    assert not run_root.child("checkpoints", "step_000000040").exists()
+    outage["on"] = False
+    assert ckpt.save(41, {"box": Box(41.0)}).step == 41
+    ckpt.close()
+    # keep_last and the one being written, at every write; 10 went before 41 was written
+    assert max(len(folders) for folders in held) == 3, held
+    assert held[-1] == ["step_000000020", "step_000000030", "step_000000041"], held
+
+
 @pytest.fixture
 def outage(s3_server):
     with OutageProxy(s3_server) as proxy:
