@@ -72,14 +72,14 @@ def test_throughput_bench_of_a_transformers_model(ray_address):
     assert_ratios(result, "step_time_ratio")
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
+@pytest.mark.e2e  # a bench command on bare process groups, no Ray
 def test_pretrained_bench_reads_about_half_the_model_on_each_of_2_ranks():
     result = bench("pretrained")
     assert all(0.4 < share <= 0.6 for share in result["bytes_read_per_rank_over_model"])
     assert_ratios(result, "from_pretrained_local_one_rank_s", "model_mb")
 
 
-@pytest.mark.cluster  # a bench command: it starts its own Ray
+@pytest.mark.e2e  # a bench command on bare process groups, no Ray
 def test_export_bench():
     result = bench("export")
     assert_ratios(result, "export_s", "peak_rss_over_model", "export_rss_growth_over_model")
