@@ -220,22 +220,29 @@ def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retenti
     assert "step_000000035" not in held[-1]
 
 
+def _retention_fails_in(outage: dict, monkeypatch) -> None:
+    """Retention fails while ``outage["on"]``, from the commit of step 30 on: the retention of 20 may still be running
+    in its thread when a test cuts storage off."""
+    apply_retention = checkpoint.Checkpointer._apply_retention
+
+    def retention(self, newest):
+        if outage["on"] and newest >= 30:
+            raise StorageError("cannot list: storage went away")
+        apply_retention(self, newest)
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention)
+
+
 def test_a_retention_that_failed_in_an_outage_is_done_before_the_next_save_writes(tmp_path, monkeypatch):
     """Old checkpoints it could not delete would otherwise stay beside the new save until the next commit."""
     run_root = resolve(str(tmp_path / "run"))
-    apply_retention, save = checkpoint.Checkpointer._apply_retention, checkpoint.dcp.save
-    held, outage = [], {"on": False}
-
-    def retention_in_the_outage(self, newest):
-        if outage["on"]:
-            raise StorageError("cannot list: storage went away")
-        apply_retention(self, newest)
+    save, held, outage = checkpoint.dcp.save, [], {"on": False}
 
     def counting_save(state, storage_writer, **kwargs):
         held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
         return save(state, storage_writer=storage_writer, **kwargs)
 
-    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention_in_the_outage)
+    _retention_fails_in(outage, monkeypatch)
     monkeypatch.setattr(checkpoint.dcp, "save", counting_save)
     ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
     for step in (10, 20):
@@ -253,19 +260,13 @@ def test_a_save_while_retention_still_cannot_delete_fails_without_writing_and_th
                                                                                                      monkeypatch):
     """Writing beside what retention could not delete would hold keep_last + 2 folders (the soak saw 5 of 4)."""
     run_root = resolve(str(tmp_path / "run"))
-    apply_retention, write_data = checkpoint.Checkpointer._apply_retention, checkpoint._CommittingWriter.write_data
-    held, outage = [], {"on": False}
-
-    def retention_in_the_outage(self, newest):
-        if outage["on"] and newest >= 30:  # not the retention of 20, which may still be running in its thread
-            raise StorageError("cannot list: storage went away")
-        apply_retention(self, newest)
+    write_data, held, outage = checkpoint._CommittingWriter.write_data, [], {"on": False}
 
     def counting_write(self, plan, planner):
         held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
         return write_data(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention_in_the_outage)
+    _retention_fails_in(outage, monkeypatch)
     monkeypatch.setattr(checkpoint._CommittingWriter, "write_data", counting_write)
     ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
     for step in (10, 20):
