@@ -43,17 +43,15 @@ prometheus:
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Every test and drill (those that need a GPU skip themselves without one), in three rounds: the tests that start no Ray
-# nodes on $(PARALLEL_TESTS) pytest-xdist workers; the `cluster` ones (tests/conftest.py) on $(PARALLEL_TESTS) workers,
-# each with a drills' cluster of its own (a drill leaves the CPU idle about a quarter of its time, while nodes start and
-# runs restart); then the ones marked `alone`, which time something, one at a time with the machine to themselves.
-# Every round runs whatever the earlier ones' outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
+# Every test and drill (those that need a GPU skip themselves without one), in two rounds: the tests not marked
+# `serial` on $(PARALLEL_TESTS) pytest-xdist workers, then the serial ones (tests/conftest.py) one at a time, alone on
+# the machine: a drill's node must start within Ray's fixed wait. The second round runs whatever the first's
+# outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
 PARALLEL_TESTS ?= 2
 test: lint prometheus $(CHECKOV)
-	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not cluster and not alone"; first=$$?; \
-	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) --dist worksteal -m "cluster and not alone"; drills=$$?; \
-	$(BIN)/python -m pytest -m alone; alone=$$?; \
-	for rc in $$first $$drills $$alone; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
+	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not serial"; parallel=$$?; \
+	$(BIN)/python -m pytest -m serial; serial=$$?; \
+	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
 quick: lint prometheus $(CHECKOV)

@@ -56,13 +56,13 @@ RAY_TIMINGS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_t
                "RAY_metrics_report_interval_ms": "1000"}
 
 
-# `cluster` (make test's second round, two at a time, each on a drills' cluster of its own) for every user of the
-# drills' cluster too.
+# `serial` (make test runs these alone, one at a time, after the others) for a test that starts Ray nodes: the
+# `cluster` marker, or the drills' cluster.
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "reused_clusters" in item.fixturenames:
-            item.add_marker(pytest.mark.cluster)
+        if item.get_closest_marker("cluster") or "reused_clusters" in item.fixturenames:
+            item.add_marker(pytest.mark.serial)
 
 
 def pytest_sessionstart(session):

@@ -34,7 +34,6 @@ SHORTER = {"train.max_steps": 150, "checkpoint.every_steps": 25, "train.log_ever
 
 
 @pytest.mark.cluster
-@pytest.mark.alone  # the notice's move must come within the drain deadline, replacement node's start included
 def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlflow_server, demo_workdir):
     trackers = {"tracking.mlflow.uri": mlflow_server.url, "tracking.mlflow.experiment": "demo",
                 "tracking.tensorboard.dir": str(tmp_path / "tb"), "tracking.wandb.project": "demo",

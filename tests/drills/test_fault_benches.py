@@ -36,7 +36,6 @@ def test_recovery_bench_on_local_storage_against_ray_and_from_a_notice_against_a
 
 
 @pytest.mark.cluster
-@pytest.mark.alone  # compares one variant's seconds waiting with the other's
 def test_goodput_bench_reports_both_variants_with_their_badput(reused_clusters, demo_workdir):
     from spotray.bench.goodput import run
 

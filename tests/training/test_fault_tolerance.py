@@ -48,7 +48,7 @@ class Box:
         pass
 
 
-@pytest.mark.alone  # bounds wall-clock seconds
+@pytest.mark.serial  # bounds wall-clock seconds
 def test_a_deadline_too_short_for_a_save_is_logged_and_recorded_and_training_goes_on(tmp_path, caplog):
     root = resolve(str(tmp_path / "run"))
     checkpointer = Checkpointer(root, keep_last=3, async_save=False, rank=0, world_size=1)
@@ -81,7 +81,7 @@ def _notice_setup(tmp_path, capacity_elsewhere):
     return root, checkpointer, attempts, writer, telemetry, env
 
 
-@pytest.mark.alone  # bounds wall-clock seconds
+@pytest.mark.serial  # bounds wall-clock seconds
 def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity_appears(tmp_path):
     answers = iter([False, False, True])  # the replacement node joins two seconds after the notice
     root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: next(answers))
@@ -95,7 +95,7 @@ def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity
     assert status["notice"]["committed"] and status["moved_at"] >= status["notice"]["at"]
 
 
-@pytest.mark.alone  # bounds wall-clock seconds
+@pytest.mark.serial  # bounds wall-clock seconds
 @pytest.mark.parametrize(("move_on", "asks"), [(True, (1, 2)), (False, (0, 0))])
 def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_before(tmp_path, monkeypatch, move_on,
                                                                                    asks):

@@ -85,7 +85,7 @@ def _train_with_saves_slower_from(rank: int, world_size: int, config: dict, slow
 
 # Timing-sensitive on a loaded machine; the slowest rank's agreement it relies on is checked in make test by the
 # preemption checks' process-group test below, and the interval's arithmetic by the unit tests above.
-@pytest.mark.alone  # measures step and save times
+@pytest.mark.serial  # measures step and save times
 @pytest.mark.e2e
 def test_the_auto_interval_lengthens_on_every_rank_when_one_ranks_saves_get_slower(dataset_url, tmp_path):
     cfg = make_config(dataset_url, str(tmp_path), "auto", "train.max_steps=150", "checkpoint.every_steps=auto",
@@ -136,7 +136,7 @@ def _train_recording_preemption_checks(rank: int, world_size: int, config: dict,
     return every_rank
 
 
-@pytest.mark.alone  # measures step and save times
+@pytest.mark.serial  # measures step and save times
 @pytest.mark.e2e
 def test_auto_preemption_checks_ask_at_the_same_steps_on_every_rank_about_once_a_second(dataset_url, tmp_path):
     cfg = make_config(dataset_url, str(tmp_path), "checks", "train.max_steps=150", "checkpoint.every_steps=1000",
