@@ -1,4 +1,4 @@
-"""The ``spotray`` console script: the training half of the command line (``training/cli.py``) and this, the
+"""The ``spotray`` console script: the training half of the command line (``training/spotray/cli.py``) and this, the
 provisioning half: ``plan``, ``render``, ``submit``. Nothing is imported until a command runs, so the training
 image, which has no Pulumi, runs ``spotray train`` through here too."""
 

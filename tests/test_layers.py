@@ -4,12 +4,13 @@
                                                                           __main__.py)
 
 The three provisioning layers are peers: none imports another. ``training`` imports no provisioning code at all,
-so the training image runs without Pulumi. The folders install as ``spotray`` (training/) and ``spotray.infra``,
+so the training image runs without Pulumi. The folders install as ``spotray`` (training/spotray/) and ``spotray.infra``,
 ``spotray.cluster``, ``spotray.monitoring``."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,8 @@ LAYERS = {"spotray": ("training", 0), "spotray.infra.kernel": ("kernel", 1), "sp
           "spotray.cluster": ("cluster", 2), "spotray.monitoring": ("monitoring", 2),
           "spotray.infra": ("root", 3), "policy": ("root", 3), "__main__": ("root", 3)}
 SOURCES = ("training", "infra", "cluster", "monitoring", "policy", "__main__.py")
-INSTALLED_AS = {"training": "spotray", "infra": "spotray.infra", "cluster": "spotray.cluster",
-                "monitoring": "spotray.monitoring"}  # folder -> the name it imports as (pyproject.toml)
+INSTALLED_AS = {Path(folder): name for name, folder in  # folder -> the name it imports as
+                tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
 
 
 def layer(module: str) -> tuple[str, int] | None:
@@ -31,8 +32,9 @@ def layer(module: str) -> tuple[str, int] | None:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    parts = (INSTALLED_AS.get(parts[0], parts[0]), *parts[1:])
+    relative = path.relative_to(REPO).with_suffix("")
+    folder = next((folder for folder in INSTALLED_AS if relative.is_relative_to(folder)), None)
+    parts = (INSTALLED_AS[folder], *relative.relative_to(folder).parts) if folder else relative.parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -76,7 +78,8 @@ def test_no_module_imports_a_layer_above_or_beside_its_own():
      "(kernel) imports spotray.cluster.rayjob.rayjob"),
     ("from spotray.monitoring import rules\n", "cluster/charts.py",
      "(cluster) imports spotray.monitoring.rules (monitoring)"),
-    ("def f():\n    from spotray.infra.plan import plan\n", "training/loop.py", "training/loop.py:2 (training)"),
+    ("def f():\n    from spotray.infra.plan import plan\n", "training/spotray/loop.py",
+     "training/spotray/loop.py:2 (training)"),
     ("import spotray.infra.aws.iam\n", "monitoring/stack.py", "imports spotray.infra.aws.iam (aws)"),
     ("from spotray.infra.render import render\n", "infra/aws/eks.py",
      "(aws) imports spotray.infra.render.render (root)"),

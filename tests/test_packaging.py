@@ -1,4 +1,4 @@
-"""One installed name: the repository's folders import as ``spotray`` (training/) and ``spotray.infra``,
+"""One installed name: the repository's folders import as ``spotray`` (training/spotray/) and ``spotray.infra``,
 ``spotray.cluster``, ``spotray.monitoring``, and what an earlier release wrote still loads."""
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ def setuptools_table() -> dict:
 
 
 def test_every_package_folder_installs_under_spotray():
-    folder_of = {name: folder for name, folder in setuptools_table()["package-dir"].items()}
-    assert folder_of == {"spotray": "training", "spotray.infra": "infra", "spotray.cluster": "cluster",
+    folder_of = setuptools_table()["package-dir"]
+    assert folder_of == {"spotray": "training/spotray", "spotray.infra": "infra", "spotray.cluster": "cluster",
                          "spotray.monitoring": "monitoring"}
-    installed_as = {folder: name for name, folder in folder_of.items()}
-    packages = {f"{installed_as[init.parent.relative_to(REPO).parts[0]]}"
-                f"{''.join('.' + part for part in init.parent.relative_to(REPO).parts[1:])}"
-                for folder in FOLDERS for init in (REPO / folder).rglob("__init__.py")}
+    packages = {".".join((name, *init.parent.relative_to(REPO / folder).parts))
+                for name, folder in folder_of.items() for init in (REPO / folder).rglob("__init__.py")}
     assert set(setuptools_table()["packages"]) == packages
 
 
