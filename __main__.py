@@ -2,9 +2,9 @@
 
 import pulumi
 
+from infra.kernel.config import from_pulumi
+from infra.program import deploy
 from spotray.errors import SpotrayError
-from spotray.infra.kernel.config import from_pulumi
-from spotray.infra.program import deploy
 
 try:
     config = from_pulumi()

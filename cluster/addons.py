@@ -8,12 +8,12 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
-from spotray.infra.kernel import helm
-from spotray.infra.kernel.names import GPU_TOLERATION, KUBERAY_NAMESPACE, SYSTEM_NAMESPACE
-from spotray.infra.kernel.namespaces import KUBERAY, SYSTEM, namespace
-from spotray.infra.kernel.resources import from_manifest
-from spotray.infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
+from cluster.charts import dcgm_exporter_values, device_plugin_values, kuberay_operator_values
+from infra.kernel import helm
+from infra.kernel.names import GPU_TOLERATION, KUBERAY_NAMESPACE, SYSTEM_NAMESPACE
+from infra.kernel.namespaces import KUBERAY, SYSTEM, namespace
+from infra.kernel.resources import from_manifest
+from infra.kernel.versions import DCGM_EXPORTER, KUBERAY_CRDS, KUBERAY_OPERATOR, NVIDIA_DEVICE_PLUGIN
 
 
 class KubeRayOperator(pulumi.ComponentResource):

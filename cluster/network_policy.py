@@ -5,7 +5,7 @@ and Prometheus; the job submitter and the warm spares by nothing. MinIO's own po
 
 from __future__ import annotations
 
-from spotray.infra.kernel.names import (
+from infra.kernel.names import (
     APP,
     APP_LABEL,
     COMPONENT_LABEL,

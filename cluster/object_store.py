@@ -8,18 +8,18 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_random as random
 
-from spotray.cluster.charts import (
+from cluster.charts import (
     MINIO_ROOT_SECRET,
     MINIO_USERS_SECRET,
     STORAGE_SECRET,
     minio_user_entry,
     minio_values,
 )
-from spotray.infra.kernel import helm
-from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
-from spotray.infra.kernel.names import MINIO_RELEASE, minio_endpoint
-from spotray.infra.kernel.resources import generated_secret
-from spotray.infra.kernel.versions import MINIO
+from infra.kernel import helm
+from infra.kernel.config import MonitoringConfig, StorageConfig
+from infra.kernel.names import MINIO_RELEASE, minio_endpoint
+from infra.kernel.resources import generated_secret
+from infra.kernel.versions import MINIO
 
 
 @dataclass(frozen=True)

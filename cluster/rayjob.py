@@ -16,18 +16,16 @@ from dataclasses import dataclass, field, replace
 
 import yaml
 
-from spotray.cluster.charts import STORAGE_SECRET
-from spotray.cluster.pod_security import (
+from cluster.charts import STORAGE_SECRET
+from cluster.pod_security import (
     cache_env,
     container_context,
     pod_context,
     writable_mounts,
     writable_volumes,
 )
-from spotray.config import SPOT_NOTICE_S, TrainConfig
-from spotray.errors import ConfigError
-from spotray.infra.kernel.config import StackConfig, TrainingJobConfig
-from spotray.infra.kernel.names import (
+from infra.kernel.config import StackConfig, TrainingJobConfig
+from infra.kernel.names import (
     APP,
     APP_LABEL,
     COMPONENT_LABEL,
@@ -45,7 +43,9 @@ from spotray.infra.kernel.names import (
     minio_endpoint,
     prometheus_url,
 )
-from spotray.infra.kernel.versions import RAY_VERSION
+from infra.kernel.versions import RAY_VERSION
+from spotray.config import SPOT_NOTICE_S, TrainConfig
+from spotray.errors import ConfigError
 from spotray.nodes import NODE_NAME_ENV
 
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name

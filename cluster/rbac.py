@@ -5,7 +5,7 @@ the training service account, which may read nothing of the cluster."""
 
 from __future__ import annotations
 
-from spotray.infra.kernel.names import APP, APP_LABEL, HEAD_SERVICE_ACCOUNT, NODE_READER_ROLE
+from infra.kernel.names import APP, APP_LABEL, HEAD_SERVICE_ACCOUNT, NODE_READER_ROLE
 
 RBAC_API = "rbac.authorization.k8s.io"
 NODE_READER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]

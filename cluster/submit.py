@@ -8,10 +8,10 @@ import subprocess
 
 import yaml
 
-from spotray.cluster.rayjob import config_map, job_name, job_settings, rayjob
+from cluster.rayjob import config_map, job_name, job_settings, rayjob
+from infra.kernel.config import StackConfig
 from spotray.config import TrainConfig
 from spotray.errors import SpotrayError
-from spotray.infra.kernel.config import StackConfig
 
 
 def manifests(train: TrainConfig, stack: StackConfig, image: str | None = None,

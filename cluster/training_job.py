@@ -7,14 +7,14 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.cluster.network_policy import closed_policies, ray_head_policy, ray_pods_policy
-from spotray.cluster.rayjob import JobSettings, config_map, rayjob
-from spotray.cluster.rbac import head_access
-from spotray.cluster.warm_spares import priority_classes
+from cluster.network_policy import closed_policies, ray_head_policy, ray_pods_policy
+from cluster.rayjob import JobSettings, config_map, rayjob
+from cluster.rbac import head_access
+from cluster.warm_spares import priority_classes
+from infra.kernel.namespaces import TRAINING
+from infra.kernel.namespaces import namespace as labelled_namespace
+from infra.kernel.resources import from_manifest
 from spotray.config import TrainConfig
-from spotray.infra.kernel.namespaces import TRAINING
-from spotray.infra.kernel.namespaces import namespace as labelled_namespace
-from spotray.infra.kernel.resources import from_manifest
 
 
 class TrainingNamespace(pulumi.ComponentResource):

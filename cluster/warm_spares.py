@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pulumi
 
-from spotray.cluster.pod_security import container_context, pod_context
-from spotray.cluster.rayjob import worker_resources
-from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig
-from spotray.infra.kernel.names import (
+from cluster.pod_security import container_context, pod_context
+from cluster.rayjob import worker_resources
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
+from infra.kernel.names import (
     APP,
     APP_LABEL,
     COMPONENT_LABEL,
@@ -21,8 +21,8 @@ from spotray.infra.kernel.names import (
     WARM_SPARE_COMPONENT,
     WARM_SPARE_PRIORITY_CLASS,
 )
-from spotray.infra.kernel.resources import from_manifest
-from spotray.infra.kernel.versions import PAUSE_IMAGE
+from infra.kernel.resources import from_manifest
+from infra.kernel.versions import PAUSE_IMAGE
 
 TRAINING_PRIORITY = 1000
 WARM_SPARE_PRIORITY = -10  # below every default (0): any pod that needs the node evicts a spare

@@ -1,6 +1,6 @@
-"""The ``spotray`` console script: the training half of the command line (``training/spotray/cli.py``) and this, the
-provisioning half: ``plan``, ``render``, ``submit``. Nothing is imported until a command runs, so the training
-image, which has no Pulumi, runs ``spotray train`` through here too."""
+"""The Pulumi program's command line: ``plan``, ``render``, ``pulumi-env``, ``submit``, beside the training commands
+(``training/spotray/cli.py``, the ``spotray`` console script, which hands these verbs here from the clone at
+``--project-dir``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def _require_pulumi(command: str) -> None:
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     _require_pulumi("plan")
-    from spotray.infra.kernel.config import load_stack_file
-    from spotray.infra.plan import PolicyViolations, format_plan, plan
+    from infra.kernel.config import load_stack_file
+    from infra.plan import PolicyViolations, format_plan, plan
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     result = plan(cfg)
@@ -37,8 +37,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 def _cmd_render(args: argparse.Namespace) -> None:
     _require_pulumi("render")
-    from spotray.infra.kernel.config import load_stack_file
-    from spotray.infra.render import render, stale, write
+    from infra.kernel.config import load_stack_file
+    from infra.render import render, stale, write
 
     cfg = load_stack_file(Path(args.project_dir), args.stack)
     rendered = render(cfg)
@@ -60,7 +60,7 @@ def _cmd_render(args: argparse.Namespace) -> None:
 
 
 def _cmd_pulumi_env(args: argparse.Namespace) -> None:
-    from spotray.infra.kernel.config import load_stack_file
+    from infra.kernel.config import load_stack_file
 
     gitops = load_stack_file(Path(args.project_dir), args.stack).gitops
     print(f"backend-url={gitops.state_backend}\nsecrets-provider={gitops.secrets_provider}\n"
@@ -68,9 +68,9 @@ def _cmd_pulumi_env(args: argparse.Namespace) -> None:
 
 
 def _cmd_submit(args: argparse.Namespace) -> None:
+    from cluster.submit import submit
+    from infra.kernel.config import load_stack_file
     from spotray import config
-    from spotray.cluster.submit import submit
-    from spotray.infra.kernel.config import load_stack_file
 
     train = config.load(args.config, list(args.set or []))
     stack = load_stack_file(Path(args.project_dir), args.stack)

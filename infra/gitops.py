@@ -14,8 +14,8 @@ objects follow that branch.
 
 from __future__ import annotations
 
-from spotray.infra.kernel.config import StackConfig
-from spotray.infra.kernel.names import (
+from infra.kernel.config import StackConfig
+from infra.kernel.names import (
     ARGOCD_NAMESPACE,
     FLUX_NAMESPACE,
     KUBERAY_NAMESPACE,
@@ -24,7 +24,7 @@ from spotray.infra.kernel.names import (
     TRAINING_NAMESPACE,
     render_branch,
 )
-from spotray.infra.kernel.versions import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_GIT, KUBERAY_OPERATOR
+from infra.kernel.versions import KUBERAY_CRD_DIR, KUBERAY_CRD_FILES, KUBERAY_GIT, KUBERAY_OPERATOR
 
 IN_CLUSTER = "https://kubernetes.default.svc"
 # Cluster-scoped kinds the pinned charts create (RBAC, their CRDs, admission webhooks), beside the render's own.

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi.runtime import mocks, rpc, settings
 
+from infra.kernel.config import StackConfig
+from infra.policies import Resource, violations
+from infra.program import deploy
 from spotray.errors import SpotrayError
-from spotray.infra.kernel.config import StackConfig
-from spotray.infra.policies import Resource, violations
-from spotray.infra.program import deploy
 
 SECRET = "[secret]"
 # Inputs and outputs shown as [secret] by name, besides any value Pulumi itself marks secret.

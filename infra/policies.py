@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spotray.infra.kernel.config import GPU_FAMILIES, NAMESPACE
-from spotray.infra.kernel.names import (
+from infra.kernel.config import GPU_FAMILIES, NAMESPACE
+from infra.kernel.names import (
     COMPONENT_LABEL,
     GITHUB_OIDC_AUDIENCE,
     GITHUB_OIDC_HOST,

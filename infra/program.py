@@ -7,23 +7,23 @@ import os
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.cluster.addons import GpuPlumbing, KubeRayOperator, SystemNamespace
-from spotray.cluster.object_store import MinioObjectStore, ObjectStoreArgs
-from spotray.cluster.rayjob import job_settings
-from spotray.cluster.training_job import TrainingJob, TrainingNamespace
-from spotray.cluster.warm_spares import WarmSpares
-from spotray.infra.aws.eks import Cluster, ClusterArgs
-from spotray.infra.aws.github import GitHubRoles, GitHubRolesArgs
-from spotray.infra.aws.iam import PermissionsBoundary
-from spotray.infra.aws.karpenter import Karpenter, KarpenterArgs
-from spotray.infra.aws.network import Network, NetworkArgs
-from spotray.infra.aws.nodes import CoreNodes, CoreNodesArgs
-from spotray.infra.aws.registry import ImageRepository, ImageRepositoryArgs
-from spotray.infra.aws.storage import BucketArgs, CheckpointBucket
-from spotray.infra.kernel.config import StackConfig
-from spotray.infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, datasets_bucket, minio_endpoint
-from spotray.monitoring.objects import MonitoringObjects
-from spotray.monitoring.stack import MonitoringStack
+from cluster.addons import GpuPlumbing, KubeRayOperator, SystemNamespace
+from cluster.object_store import MinioObjectStore, ObjectStoreArgs
+from cluster.rayjob import job_settings
+from cluster.training_job import TrainingJob, TrainingNamespace
+from cluster.warm_spares import WarmSpares
+from infra.aws.eks import Cluster, ClusterArgs
+from infra.aws.github import GitHubRoles, GitHubRolesArgs
+from infra.aws.iam import PermissionsBoundary
+from infra.aws.karpenter import Karpenter, KarpenterArgs
+from infra.aws.network import Network, NetworkArgs
+from infra.aws.nodes import CoreNodes, CoreNodesArgs
+from infra.aws.registry import ImageRepository, ImageRepositoryArgs
+from infra.aws.storage import BucketArgs, CheckpointBucket
+from infra.kernel.config import StackConfig
+from infra.kernel.names import TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT, datasets_bucket, minio_endpoint
+from monitoring.objects import MonitoringObjects
+from monitoring.stack import MonitoringStack
 
 
 def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:

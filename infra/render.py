@@ -23,11 +23,11 @@ from pathlib import Path
 
 import yaml
 
+from infra.gitops import controller_objects
+from infra.kernel.config import StackConfig
+from infra.kernel.versions import KUBERAY_CRDS
+from infra.plan import SECRET, Plan, PlannedResource, plan
 from spotray.errors import SpotrayError
-from spotray.infra.gitops import controller_objects
-from spotray.infra.kernel.config import StackConfig
-from spotray.infra.kernel.versions import KUBERAY_CRDS
-from spotray.infra.plan import SECRET, Plan, PlannedResource, plan
 
 LAYERS = ("spotray:cluster:", "spotray:monitoring:")
 _HELM_RELEASE = "kubernetes:helm.sh/v3:Release"

@@ -3,7 +3,7 @@ own ServiceMonitors through their charts (``cluster/charts.py``)."""
 
 from __future__ import annotations
 
-from spotray.infra.kernel.names import METRICS_PORTS
+from infra.kernel.names import METRICS_PORTS
 
 MONITORING_API = "monitoring.coreos.com/v1"
 SCRAPE_INTERVAL = "15s"

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pulumi
 
-from spotray.infra.kernel.config import MonitoringConfig
-from spotray.infra.kernel.resources import from_manifest
-from spotray.monitoring.dashboards import all_dashboards, config_map
-from spotray.monitoring.monitors import ray_pod_monitors
-from spotray.monitoring.rules import prometheus_rule
+from infra.kernel.config import MonitoringConfig
+from infra.kernel.resources import from_manifest
+from monitoring.dashboards import all_dashboards, config_map
+from monitoring.monitors import ray_pod_monitors
+from monitoring.rules import prometheus_rule
 
 
 def monitoring_manifests(cfg: MonitoringConfig, training_namespace: str) -> list[dict]:

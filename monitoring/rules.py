@@ -5,8 +5,8 @@ restarted worker group exports them under new series, so rules aggregate ``by (r
 
 from __future__ import annotations
 
-from spotray.infra.kernel.config import AlertThresholds
-from spotray.monitoring.monitors import MONITORING_API
+from infra.kernel.config import AlertThresholds
+from monitoring.monitors import MONITORING_API
 
 RUN_MEMORY = "1d"  # how long a run that stopped reporting is still looked at
 _FINISHED = (f"max by (run) (max_over_time(ray_spotray_step[{RUN_MEMORY}])) "

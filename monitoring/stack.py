@@ -6,13 +6,13 @@ from __future__ import annotations
 import pulumi
 import pulumi_random as random
 
-from spotray.infra.kernel import helm
-from spotray.infra.kernel.config import MonitoringConfig
-from spotray.infra.kernel.namespaces import MONITORING
-from spotray.infra.kernel.namespaces import namespace as labelled_namespace
-from spotray.infra.kernel.resources import from_manifest, generated_secret
-from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
-from spotray.monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
+from infra.kernel import helm
+from infra.kernel.config import MonitoringConfig
+from infra.kernel.namespaces import MONITORING
+from infra.kernel.namespaces import namespace as labelled_namespace
+from infra.kernel.resources import from_manifest, generated_secret
+from infra.kernel.versions import KUBE_PROMETHEUS_STACK
+from monitoring.values import GRAFANA_ADMIN_SECRET, kube_prometheus_stack_values
 
 
 class MonitoringStack(pulumi.ComponentResource):

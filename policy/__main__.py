@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pulumi_policy import EnforcementLevel, PolicyPack, StackValidationPolicy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: infra/ and training/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the program's packages
 
-from spotray.infra.kernel.config import NAMESPACE  # noqa: E402
-from spotray.infra.policies import POLICIES, Policy, Resource  # noqa: E402
+from infra.kernel.config import NAMESPACE  # noqa: E402
+from infra.policies import POLICIES, Policy, Resource  # noqa: E402
 
 
 def _environment(resources: list[Resource]) -> str:

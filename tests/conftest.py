@@ -141,8 +141,8 @@ def dataset_url(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def stack_plans() -> dict:
     """Every stack file of the repository planned once under Pulumi mocks: stack -> (StackConfig, Plan)."""
-    from spotray.infra.kernel.config import load_stack_file
-    from spotray.infra.plan import plan
+    from infra.kernel.config import load_stack_file
+    from infra.plan import plan
 
     plans = {}
     for stack in STACKS:

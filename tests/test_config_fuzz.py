@@ -20,9 +20,9 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from infra.cli import main
 from spotray import config
 from spotray.errors import key_text
-from spotray.infra.cli import main
 from tests.repo import REPO, STACKS
 
 ERROR = re.compile(r"spotray: error: config '(.*)': ")
@@ -140,7 +140,7 @@ def test_the_fuzzing_finds_a_traceback_where_there_is_one(monkeypatch, capsys):
     def broken(values):
         raise TypeError("'<' not supported between instances of 'int' and 'str'")
 
-    monkeypatch.setattr("spotray.infra.kernel.config._stack_values", broken)
+    monkeypatch.setattr("infra.kernel.config._stack_values", broken)
     try:
         main(["pulumi-env", "--stack", "dev", "--project-dir", str(REPO)])
     except TypeError:

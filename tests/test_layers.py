@@ -4,8 +4,8 @@
                                                                           __main__.py)
 
 The three provisioning layers are peers: none imports another. ``training`` imports no provisioning code at all,
-so the training image runs without Pulumi. The folders install as ``spotray`` (training/spotray/) and ``spotray.infra``,
-``spotray.cluster``, ``spotray.monitoring``."""
+so the training image runs without Pulumi. A module's name is its path: under training/ (the installed package,
+``spotray``) or from the repository root (the Pulumi program's ``infra``, ``cluster``, ``monitoring``)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import pytest
 from tests.repo import REPO
 
 # module prefix -> (layer, rank); the longest matching prefix decides a module's layer.
-LAYERS = {"spotray": ("training", 0), "spotray.infra.kernel": ("kernel", 1), "spotray.infra.aws": ("aws", 2),
-          "spotray.cluster": ("cluster", 2), "spotray.monitoring": ("monitoring", 2),
-          "spotray.infra": ("root", 3), "policy": ("root", 3), "__main__": ("root", 3)}
+LAYERS = {"spotray": ("training", 0), "infra.kernel": ("kernel", 1), "infra.aws": ("aws", 2),
+          "cluster": ("cluster", 2), "monitoring": ("monitoring", 2),
+          "infra": ("root", 3), "policy": ("root", 3), "__main__": ("root", 3)}
 SOURCES = ("training", "infra", "cluster", "monitoring", "policy", "__main__.py")
-INSTALLED_AS = {Path(folder): name for name, folder in  # folder -> the name it imports as
-                tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
+PACKAGES_ROOT = Path(*tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+    "where"])  # where the installed package's folder lies
 
 
 def layer(module: str) -> tuple[str, int] | None:
@@ -33,8 +33,7 @@ def layer(module: str) -> tuple[str, int] | None:
 
 def module_name(path: Path) -> str:
     relative = path.relative_to(REPO).with_suffix("")
-    folder = next((folder for folder in INSTALLED_AS if relative.is_relative_to(folder)), None)
-    parts = (INSTALLED_AS[folder], *relative.relative_to(folder).parts) if folder else relative.parts
+    parts = relative.relative_to(PACKAGES_ROOT).parts if relative.is_relative_to(PACKAGES_ROOT) else relative.parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -74,15 +73,15 @@ def test_no_module_imports_a_layer_above_or_beside_its_own():
 
 
 @pytest.mark.parametrize(("source", "importer", "expected"), [
-    ("from spotray.cluster.rayjob import rayjob\n", "infra/kernel/names.py",
-     "(kernel) imports spotray.cluster.rayjob.rayjob"),
-    ("from spotray.monitoring import rules\n", "cluster/charts.py",
-     "(cluster) imports spotray.monitoring.rules (monitoring)"),
-    ("def f():\n    from spotray.infra.plan import plan\n", "training/spotray/loop.py",
+    ("from cluster.rayjob import rayjob\n", "infra/kernel/names.py",
+     "(kernel) imports cluster.rayjob.rayjob"),
+    ("from monitoring import rules\n", "cluster/charts.py",
+     "(cluster) imports monitoring.rules (monitoring)"),
+    ("def f():\n    from infra.plan import plan\n", "training/spotray/loop.py",
      "training/spotray/loop.py:2 (training)"),
-    ("import spotray.infra.aws.iam\n", "monitoring/stack.py", "imports spotray.infra.aws.iam (aws)"),
-    ("from spotray.infra.render import render\n", "infra/aws/eks.py",
-     "(aws) imports spotray.infra.render.render (root)"),
+    ("import infra.aws.iam\n", "monitoring/stack.py", "imports infra.aws.iam (aws)"),
+    ("from infra.render import render\n", "infra/aws/eks.py",
+     "(aws) imports infra.render.render (root)"),
 ])
 def test_the_rule_catches_an_import_that_goes_up_or_sideways(tmp_path, monkeypatch, source, importer, expected):
     fake_repo = tmp_path / "repo"
@@ -96,7 +95,7 @@ def test_the_rule_catches_an_import_that_goes_up_or_sideways(tmp_path, monkeypat
 def test_imports_down_the_layers_pass(tmp_path, monkeypatch):
     path = tmp_path / "infra" / "program.py"
     path.parent.mkdir(parents=True)
-    path.write_text("from spotray.cluster.rayjob import rayjob\nfrom spotray.infra.kernel import names\n"
+    path.write_text("from cluster.rayjob import rayjob\nfrom infra.kernel import names\n"
                     "import spotray.config\n")
     monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
     assert violations(path) == []

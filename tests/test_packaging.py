@@ -1,13 +1,17 @@
-"""One installed name: the repository's folders import as ``spotray`` (training/spotray/) and ``spotray.infra``,
-``spotray.cluster``, ``spotray.monitoring``, and what an earlier release wrote still loads."""
+"""One installed name, ``spotray``, whose modules are their files under training/ (no import hook: editors and type
+checkers follow them); the Pulumi program's packages are not installed; and what an earlier release wrote still
+loads."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import shutil
 import sys
 import tomllib
 from pathlib import Path
+
+import setuptools
 
 from spotray import status
 from spotray.export import export
@@ -16,7 +20,6 @@ from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
 
-FOLDERS = ("training", "infra", "cluster", "monitoring")
 RELEASE_0_1_RUN = REPO / "tests" / "fixtures" / "run-0.1.0"  # written by spotray 0.1.0: tiny GPT, 4 steps, 1 worker
 
 
@@ -24,25 +27,28 @@ def setuptools_table() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
-def test_every_package_folder_installs_under_spotray():
-    folder_of = setuptools_table()["package-dir"]
-    assert folder_of == {"spotray": "training/spotray", "spotray.infra": "infra", "spotray.cluster": "cluster",
-                         "spotray.monitoring": "monitoring"}
-    packages = {".".join((name, *init.parent.relative_to(REPO / folder).parts))
-                for name, folder in folder_of.items() for init in (REPO / folder).rglob("__init__.py")}
-    assert set(setuptools_table()["packages"]) == packages
+def test_the_wheel_holds_spotray_alone_and_every_module_imports_from_its_own_file():
+    assert setuptools_table() == {"packages": {"find": {"where": ["training"]}},
+                                  "package-data": {"spotray": ["configs/*.yaml"]}}
+    assert {name.split(".")[0] for name in setuptools.find_packages(REPO / "training")} == {"spotray"}
+    modules = sorted((REPO / "training" / "spotray").rglob("*.py"))
+    for path in modules:
+        parts = path.relative_to(REPO / "training").with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        assert Path(importlib.util.find_spec(name).origin) == path, name
+    assert not [finder for finder in sys.meta_path if "editable" in type(finder).__module__.lower()]
 
 
-def test_no_module_imports_a_folder_by_its_bare_name():
-    """From a user's project directory a bare ``training`` or ``infra`` is theirs, not spotray's."""
-    sources = [*(p for folder in (*FOLDERS, "tests", "policy") for p in sorted((REPO / folder).rglob("*.py"))),
-               REPO / "__main__.py"]
+def test_no_module_imports_the_training_folder_by_its_name():
+    """``training`` is where the package lies, not a package: from a user's project directory it is theirs."""
+    sources = [*(p for folder in ("training", "infra", "cluster", "monitoring", "tests", "policy")
+                 for p in sorted((REPO / folder).rglob("*.py"))), REPO / "__main__.py"]
     bare = []
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
-            bare += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n.split(".")[0] in FOLDERS]
+            bare += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "training"]
     assert bare == []
 
 

@@ -13,7 +13,7 @@ policy, touch the pipeline's own roles or an OIDC provider. Karpenter's instance
 
 from __future__ import annotations
 
-from spotray.infra.kernel.settings import STACK_TAG
+from infra.kernel.settings import STACK_TAG
 
 _TAGS = {"ec2": ["ec2:CreateTags", "ec2:DeleteTags"], "eks": ["eks:TagResource", "eks:UntagResource"]}
 DEPLOY_ACTIONS: dict[str, list[str]] = {

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.aws import iam
-from spotray.infra.kernel.config import KubernetesConfig
-from spotray.infra.kernel.names import DISCOVERY_TAG
+from infra.aws import iam
+from infra.kernel.config import KubernetesConfig
+from infra.kernel.names import DISCOVERY_TAG
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.aws import iam
-from spotray.infra.aws.deploy_policy import deploy_policy
-from spotray.infra.kernel.config import GitOpsConfig
-from spotray.infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
+from infra.aws import iam
+from infra.aws.deploy_policy import deploy_policy
+from infra.kernel.config import GitOpsConfig
+from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
 
 PREVIEW_POLICY = "ReadOnlyAccess"
 SESSION_SECONDS = 3600

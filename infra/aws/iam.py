@@ -7,7 +7,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.aws.deploy_policy import boundary_policy
+from infra.aws.deploy_policy import boundary_policy
 
 POD_IDENTITY_PRINCIPAL = "pods.eks.amazonaws.com"
 

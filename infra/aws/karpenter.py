@@ -11,13 +11,13 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from spotray.infra.aws import iam
-from spotray.infra.aws.karpenter_manifests import ec2_node_class, gpu_node_pool
-from spotray.infra.aws.nodes import NODE_POLICIES
-from spotray.infra.kernel import helm
-from spotray.infra.kernel.config import GpuPoolConfig
-from spotray.infra.kernel.names import CORE_SELECTOR
-from spotray.infra.kernel.versions import KARPENTER
+from infra.aws import iam
+from infra.aws.karpenter_manifests import ec2_node_class, gpu_node_pool
+from infra.aws.nodes import NODE_POLICIES
+from infra.kernel import helm
+from infra.kernel.config import GpuPoolConfig
+from infra.kernel.names import CORE_SELECTOR
+from infra.kernel.versions import KARPENTER
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"

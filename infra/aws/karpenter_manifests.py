@@ -5,9 +5,9 @@ Karpenter v1.14.1 CRD schemas."""
 
 from __future__ import annotations
 
-from spotray.infra.kernel.config import GpuPoolConfig
-from spotray.infra.kernel.names import DISCOVERY_TAG, GPU_LABEL, GPU_TAINT, ON_DEMAND_FALLBACK_LABEL, POOL_LABEL
-from spotray.infra.kernel.versions import NODE_AMI_ALIAS
+from infra.kernel.config import GpuPoolConfig
+from infra.kernel.names import DISCOVERY_TAG, GPU_LABEL, GPU_TAINT, ON_DEMAND_FALLBACK_LABEL, POOL_LABEL
+from infra.kernel.versions import NODE_AMI_ALIAS
 
 
 def ec2_node_class(name: str, cluster_name: str, node_role: str, tags: dict[str, str],

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.kernel.config import NetworkConfig
-from spotray.infra.kernel.names import DISCOVERY_TAG
+from infra.kernel.config import NetworkConfig
+from infra.kernel.names import DISCOVERY_TAG
 
 
 @dataclass(frozen=True)

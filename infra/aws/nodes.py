@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.aws import iam
-from spotray.infra.kernel.config import CorePoolConfig
-from spotray.infra.kernel.names import CORE_POOL, CORE_SELECTOR
+from infra.aws import iam
+from infra.kernel.config import CorePoolConfig
+from infra.kernel.names import CORE_POOL, CORE_SELECTOR
 
 NODE_POLICIES = ["AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
                  "AmazonSSMManagedInstanceCore"]

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from spotray.infra.aws import iam
-from spotray.infra.kernel.config import StorageConfig
-from spotray.infra.kernel.names import HEAD_SERVICE_ACCOUNT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
+from infra.aws import iam
+from infra.kernel.config import StorageConfig
+from infra.kernel.names import HEAD_SERVICE_ACCOUNT, TRAINING_NAMESPACE, TRAINING_SERVICE_ACCOUNT
 
 
 @dataclass(frozen=True)

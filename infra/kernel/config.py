@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import yaml
 
+from infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
+from infra.kernel.settings import NAMESPACE, STACK_TAG, Section, key_of, mapping, read, setting
+from infra.kernel.versions import MINIO_IMAGES, Image
 from spotray.errors import ConfigError, SpotrayError, key_text
-from spotray.infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
-from spotray.infra.kernel.settings import NAMESPACE, STACK_TAG, Section, key_of, mapping, read, setting
-from spotray.infra.kernel.versions import MINIO_IMAGES, Image
 
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")

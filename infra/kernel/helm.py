@@ -5,7 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from spotray.infra.kernel.versions import Chart
+from infra.kernel.versions import Chart
 
 
 def release(name: str, chart: Chart, namespace: str, values: dict, opts: pulumi.ResourceOptions,

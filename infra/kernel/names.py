@@ -3,7 +3,7 @@ object store's address. Values only; changing one changes what is deployed."""
 
 from __future__ import annotations
 
-from spotray.infra.kernel.versions import KUBE_PROMETHEUS_STACK
+from infra.kernel.versions import KUBE_PROMETHEUS_STACK
 
 # Namespaces
 TRAINING_NAMESPACE = "spotray"  # where training runs (and MinIO lives)

@@ -1,6 +1,6 @@
 """Stack configs with the training job enabled, for the cluster tests."""
 
-from spotray.infra.kernel.config import StackConfig, from_values
+from infra.kernel.config import StackConfig, from_values
 
 AWS = {
     "network": {"availabilityZones": ["us-west-2a", "us-west-2b"]},

@@ -1,14 +1,14 @@
 import pytest
 
-from spotray.cluster.charts import (
+from cluster.charts import (
     dcgm_exporter_values,
     device_plugin_values,
     kuberay_operator_values,
     minio_user_entry,
     minio_values,
 )
-from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
-from spotray.infra.kernel.versions import Image
+from infra.kernel.config import MonitoringConfig, StorageConfig
+from infra.kernel.versions import Image
 from tests.schemas import chart_defaults, unknown_values_keys
 
 MONITOR_LABELS = {"release": "kube-prometheus-stack"}

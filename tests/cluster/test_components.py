@@ -6,10 +6,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
-from spotray.cluster.addons import GpuPlumbing, KubeRayOperator
-from spotray.cluster.object_store import MinioObjectStore, ObjectStoreArgs
-from spotray.infra.kernel.config import MonitoringConfig, StorageConfig
-from spotray.infra.plan import run_mocked
+from cluster.addons import GpuPlumbing, KubeRayOperator
+from cluster.object_store import MinioObjectStore, ObjectStoreArgs
+from infra.kernel.config import MonitoringConfig, StorageConfig
+from infra.plan import run_mocked
 from tests.repo import STACKS
 from tests.schemas import merged, pinned_chart_values
 

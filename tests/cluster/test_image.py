@@ -5,7 +5,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from spotray.infra.kernel.versions import RAY_GPU_IMAGE, RAY_VERSION
+from infra.kernel.versions import RAY_GPU_IMAGE, RAY_VERSION
 from tests.repo import REPO
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

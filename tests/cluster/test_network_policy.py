@@ -4,12 +4,12 @@ labels of the pods the builders make."""
 import kubernetes_validate
 import pytest
 
-from spotray.cluster.charts import minio_values
-from spotray.cluster.network_policy import RAY_NODE_LABEL, closed_policies, ray_head_policy, ray_pods_policy
-from spotray.cluster.rayjob import JobSettings, rayjob
-from spotray.cluster.warm_spares import warm_spares
+from cluster.charts import minio_values
+from cluster.network_policy import RAY_NODE_LABEL, closed_policies, ray_head_policy, ray_pods_policy
+from cluster.rayjob import JobSettings, rayjob
+from cluster.warm_spares import warm_spares
+from infra.kernel.config import GpuPoolConfig, MonitoringConfig, StorageConfig, TrainingJobConfig
 from spotray.config import load
-from spotray.infra.kernel.config import GpuPoolConfig, MonitoringConfig, StorageConfig, TrainingJobConfig
 
 POLICY = ray_head_policy("spotray")
 JOB = rayjob(load(None, ["run.name=gpt", "data.path=s3://b/d", "checkpoint.path=s3://b/c"]),

@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from spotray.cluster.pod_security import CACHE_DIR, RUN_AS_UID, SHM_SHARE
-from spotray.cluster.warm_spares import warm_spares
-from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig
-from spotray.infra.kernel.names import KUBERAY_NAMESPACE, MONITORING_NAMESPACE, SYSTEM_NAMESPACE, TRAINING_NAMESPACE
-from spotray.infra.kernel.namespaces import PSA_PREFIX
-from spotray.infra.render import render
+from cluster.pod_security import CACHE_DIR, RUN_AS_UID, SHM_SHARE
+from cluster.warm_spares import warm_spares
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
+from infra.kernel.names import KUBERAY_NAMESPACE, MONITORING_NAMESPACE, SYSTEM_NAMESPACE, TRAINING_NAMESPACE
+from infra.kernel.namespaces import PSA_PREFIX
+from infra.render import render
 from tests.cluster.test_rayjob import SETTINGS, head, workers
 from tests.cluster.test_rayjob import job as job  # noqa: F401 - the fixture
 from tests.repo import REPO, STACKS

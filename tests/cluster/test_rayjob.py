@@ -5,8 +5,8 @@ import jsonschema
 import pytest
 import yaml
 
-from spotray.cluster.pod_security import CACHE_VARIABLES
-from spotray.cluster.rayjob import (
+from cluster.pod_security import CACHE_VARIABLES
+from cluster.rayjob import (
     DRAIN_MARGIN_S,
     HEAD_LOCAL_DISK_GIB,
     LOCAL_DIR,
@@ -18,10 +18,10 @@ from spotray.cluster.rayjob import (
     job_settings,
     rayjob,
 )
+from infra.kernel.config import TrainingJobConfig
+from infra.kernel.names import prometheus_url
 from spotray.config import from_dict, load
 from spotray.errors import ConfigError
-from spotray.infra.kernel.config import TrainingJobConfig
-from spotray.infra.kernel.names import prometheus_url
 from spotray.nodes import NODE_NAME_ENV
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource

@@ -4,9 +4,9 @@ Kubernetes version, ``get`` on nodes and nothing else, bound to the head's own s
 import kubernetes_validate
 import pytest
 
-from spotray.cluster.rbac import head_access
-from spotray.infra.kernel.names import TRAINING_NAMESPACE
-from spotray.infra.render import render
+from cluster.rbac import head_access
+from infra.kernel.names import TRAINING_NAMESPACE
+from infra.render import render
 from tests.cluster.test_render import check_valid
 
 RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")

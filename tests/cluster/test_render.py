@@ -7,20 +7,20 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from spotray.cluster.rayjob import job_settings, rayjob
-from spotray.errors import SpotrayError
-from spotray.infra.cli import main
-from spotray.infra.kernel.config import load_stack_file
-from spotray.infra.kernel.names import TRAINING_NAMESPACE
-from spotray.infra.kernel.versions import (
+from cluster.rayjob import job_settings, rayjob
+from infra.cli import main
+from infra.kernel.config import load_stack_file
+from infra.kernel.names import TRAINING_NAMESPACE
+from infra.kernel.versions import (
     DCGM_EXPORTER,
     KUBE_PROMETHEUS_STACK,
     KUBERAY_OPERATOR,
     MINIO,
     NVIDIA_DEVICE_PLUGIN,
 )
-from spotray.infra.render import render, stale, write
-from spotray.monitoring.objects import monitoring_manifests
+from infra.render import render, stale, write
+from monitoring.objects import monitoring_manifests
+from spotray.errors import SpotrayError
 from tests.cluster.stacks import stack
 from tests.repo import REPO, STACKS
 from tests.schemas import pinned_chart_values, unknown_values_keys, validate_custom_resource

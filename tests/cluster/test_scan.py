@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from spotray.infra.render import render
+from infra.render import render
 from tests.cluster.stacks import stack
 from tests.repo import REPO, STACKS
 

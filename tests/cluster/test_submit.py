@@ -7,10 +7,10 @@ import stat
 import pytest
 import yaml
 
-from spotray.cluster.submit import submit
+from cluster.submit import submit
+from infra.cli import main
 from spotray.config import load
 from spotray.errors import SpotrayError
-from spotray.infra.cli import main
 from tests.cluster.stacks import stack
 from tests.repo import REPO
 

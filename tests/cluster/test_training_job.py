@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
+from infra.plan import plan
 from spotray.errors import ConfigError
-from spotray.infra.plan import plan
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
 

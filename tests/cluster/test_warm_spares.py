@@ -3,10 +3,10 @@ exactly one worker's resources on the pool's nodes, below the training workers' 
 
 import pytest
 
-from spotray.cluster.warm_spares import TRAINING_PRIORITY, WARM_SPARE_PRIORITY
-from spotray.infra.kernel.names import GPU_TOLERATION, POOL_LABEL, TRAINING_PRIORITY_CLASS, WARM_SPARE_PRIORITY_CLASS
-from spotray.infra.plan import plan
-from spotray.infra.render import render
+from cluster.warm_spares import TRAINING_PRIORITY, WARM_SPARE_PRIORITY
+from infra.kernel.names import GPU_TOLERATION, POOL_LABEL, TRAINING_PRIORITY_CLASS, WARM_SPARE_PRIORITY_CLASS
+from infra.plan import plan
+from infra.render import render
 from tests.cluster.stacks import IMAGE, stack
 from tests.cluster.test_render import check_valid
 

@@ -1,8 +1,8 @@
 import json
 
-from spotray.infra.aws.storage import BucketArgs, CheckpointBucket
-from spotray.infra.kernel.config import StorageConfig
-from spotray.infra.plan import run_mocked
+from infra.aws.storage import BucketArgs, CheckpointBucket
+from infra.kernel.config import StorageConfig
+from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from spotray.infra.aws.deploy_policy import (
+from infra.aws.deploy_policy import (
     DEPLOY_ACTIONS,
     boundary_arn,
     boundary_policy,

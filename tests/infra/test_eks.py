@@ -2,9 +2,9 @@ import json
 
 import pulumi
 
-from spotray.infra.aws.eks import ADMIN_POLICY, CONTROL_PLANE_LOGS, Cluster, ClusterArgs
-from spotray.infra.kernel.config import KubernetesConfig
-from spotray.infra.plan import SECRET, run_mocked
+from infra.aws.eks import ADMIN_POLICY, CONTROL_PLANE_LOGS, Cluster, ClusterArgs
+from infra.kernel.config import KubernetesConfig
+from infra.plan import SECRET, run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"

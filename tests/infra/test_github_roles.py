@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from infra.kernel.config import from_values
+from infra.plan import plan
 from spotray.errors import ConfigError
-from spotray.infra.kernel.config import from_values
-from spotray.infra.plan import plan
 from tests.infra.test_stack_config import values
 
 AWS_STACKS = ("dev", "staging", "prod")

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
+from infra.kernel.config import from_values
+from infra.render import render, write
 from spotray.errors import ConfigError
-from spotray.infra.kernel.config import from_values
-from spotray.infra.render import render, write
 from tests.cluster.test_render import check_valid
 from tests.infra.test_stack_config import values
 from tests.repo import REPO
@@ -255,7 +255,7 @@ def test_bad_gitops_settings_name_the_key_and_the_fix_before_anything_is_planned
 
 
 def test_the_command_prints_the_stacks_backend_for_the_pipeline(capsys):
-    from spotray.infra.cli import main
+    from infra.cli import main
 
     assert main(["pulumi-env", "--stack", "prod", "--project-dir", str(REPO)]) == 0
     assert capsys.readouterr().out.splitlines() == [

@@ -3,11 +3,11 @@ import json
 import jsonschema
 import pytest
 
-from spotray.infra.aws.karpenter import INTERRUPTION_EVENTS, Karpenter, KarpenterArgs, chart_values
-from spotray.infra.aws.karpenter_manifests import ec2_node_class, gpu_node_pool
-from spotray.infra.kernel.config import GpuPoolConfig
-from spotray.infra.kernel.versions import KARPENTER
-from spotray.infra.plan import run_mocked
+from infra.aws.karpenter import INTERRUPTION_EVENTS, Karpenter, KarpenterArgs, chart_values
+from infra.aws.karpenter_manifests import ec2_node_class, gpu_node_pool
+from infra.kernel.config import GpuPoolConfig
+from infra.kernel.versions import KARPENTER
+from infra.plan import run_mocked
 from tests.schemas import chart_defaults, unknown_values_keys, validate_custom_resource
 
 NODEPOOL_CRD = "karpenter-v1.14.1_karpenter.sh_nodepools.yaml"

@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from spotray.infra.aws.network import Network, NetworkArgs
-from spotray.infra.plan import run_mocked
+from infra.aws.network import Network, NetworkArgs
+from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 

@@ -1,6 +1,6 @@
-from spotray.infra.aws.nodes import ADDONS, NODE_POLICIES, CoreNodes, CoreNodesArgs
-from spotray.infra.kernel.config import CorePoolConfig
-from spotray.infra.plan import run_mocked
+from infra.aws.nodes import ADDONS, NODE_POLICIES, CoreNodes, CoreNodesArgs
+from infra.kernel.config import CorePoolConfig
+from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 BOUNDARY = "arn:aws:iam::123456789012:policy/spotray-t-boundary"

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from spotray.cluster.warm_spares import warm_spares
-from spotray.infra.aws.github import trust_statement
-from spotray.infra.aws.karpenter_manifests import gpu_node_pool
-from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig
-from spotray.infra.policies import POLICIES, Resource, violations
+from cluster.warm_spares import warm_spares
+from infra.aws.github import trust_statement
+from infra.aws.karpenter_manifests import gpu_node_pool
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
+from infra.policies import POLICIES, Resource, violations
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "prod", "spotray:environment": "prod"}
 POOL = gpu_node_pool(GpuPoolConfig("a10g", ("g5",)), "gpu")

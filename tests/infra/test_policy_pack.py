@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spotray.infra.policies import POLICIES
+from infra.policies import POLICIES
 from tests.repo import REPO
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from spotray.infra.cli import main
-from spotray.infra.policies import TAGGABLE
+from infra.cli import main
+from infra.policies import TAGGABLE
 from tests.repo import REPO, STACKS
 from tests.schemas import pinned_chart_values, unknown_values_keys
 
@@ -103,7 +103,7 @@ def test_plan_json_lists_the_spot_pools_the_queue_and_the_core_group_with_secret
 
 def test_plan_output_is_the_same_bytes_in_every_process_for_reviewable_diffs():
     """Separate processes: the engine's maps arrive in an order that varies between them."""
-    runs = [subprocess.run([sys.executable, "-m", "spotray.infra.cli", "plan", "--stack", "prod", "--json"], cwd=REPO,
+    runs = [subprocess.run([sys.executable, "-m", "infra.cli", "plan", "--stack", "prod", "--json"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout for _ in range(2)]
     assert runs[0] == runs[1]
 

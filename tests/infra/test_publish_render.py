@@ -3,8 +3,8 @@
 import os
 import subprocess
 
-from spotray.infra.kernel.config import load_stack_file
-from spotray.infra.render import render, write
+from infra.kernel.config import load_stack_file
+from infra.render import render, write
 from tests.repo import REPO
 
 

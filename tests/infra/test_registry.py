@@ -1,7 +1,7 @@
 import json
 
-from spotray.infra.aws.registry import ImageRepository, ImageRepositoryArgs
-from spotray.infra.plan import run_mocked
+from infra.aws.registry import ImageRepository, ImageRepositoryArgs
+from infra.plan import run_mocked
 
 TAGS = {"spotray:project": "spotray", "spotray:stack": "t"}
 

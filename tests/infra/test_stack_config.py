@@ -3,9 +3,9 @@ import re
 
 import pytest
 
+from infra.kernel.config import GpuPoolConfig, TrainingJobConfig, from_values, load_stack_file
+from infra.kernel.versions import MINIO_IMAGES, Image
 from spotray.errors import ConfigError, SpotrayError
-from spotray.infra.kernel.config import GpuPoolConfig, TrainingJobConfig, from_values, load_stack_file
-from spotray.infra.kernel.versions import MINIO_IMAGES, Image
 from tests.repo import REPO, STACKS
 
 
@@ -224,7 +224,7 @@ def test_the_pulumi_program_reads_the_same_config_as_the_stack_file(stack, monke
     import pulumi
     import yaml
 
-    from spotray.infra.kernel.config import from_pulumi
+    from infra.kernel.config import from_pulumi
 
     raw = yaml.safe_load((REPO / f"Pulumi.{stack}.yaml").read_text())["config"]
     monkeypatch.setattr(pulumi, "get_project", lambda: "spotray")

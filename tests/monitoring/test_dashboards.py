@@ -6,9 +6,8 @@ import re
 
 import ray
 
-from spotray.goodput import CATEGORIES
-from spotray.infra.kernel.config import MonitoringConfig
-from spotray.monitoring.dashboards import (
+from infra.kernel.config import MonitoringConfig
+from monitoring.dashboards import (
     CONFIG_MAP_LIMIT,
     DASHBOARD_LABEL,
     all_dashboards,
@@ -17,7 +16,8 @@ from spotray.monitoring.dashboards import (
     panel_queries,
     training_dashboard,
 )
-from spotray.monitoring.values import kube_prometheus_stack_values
+from monitoring.values import kube_prometheus_stack_values
+from spotray.goodput import CATEGORIES
 from spotray.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE
 from tests.monitoring.prom import as_promql, promtool, rules_file
 

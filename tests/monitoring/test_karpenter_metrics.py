@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotray.infra.kernel.config import AlertThresholds
-from spotray.infra.kernel.versions import KARPENTER
-from spotray.monitoring.dashboards import all_dashboards, cluster_dashboard, panel_queries
-from spotray.monitoring.rules import rule_groups
+from infra.kernel.config import AlertThresholds
+from infra.kernel.versions import KARPENTER
+from monitoring.dashboards import all_dashboards, cluster_dashboard, panel_queries
+from monitoring.rules import rule_groups
 from tests.monitoring.prom import promtool, rules_file
 
 EXPORTED = json.loads((Path(__file__).with_name(f"karpenter-v{KARPENTER.version}-metrics.json")).read_text())

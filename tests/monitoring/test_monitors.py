@@ -6,11 +6,11 @@ import copy
 import jsonschema
 import pytest
 
-from spotray.cluster.rayjob import JobSettings, rayjob
+from cluster.rayjob import JobSettings, rayjob
+from infra.kernel.config import MonitoringConfig
+from monitoring.monitors import ray_pod_monitors, relabelings
+from monitoring.objects import monitoring_manifests
 from spotray.config import load
-from spotray.infra.kernel.config import MonitoringConfig
-from spotray.monitoring.monitors import ray_pod_monitors, relabelings
-from spotray.monitoring.objects import monitoring_manifests
 from tests.schemas import validate_custom_resource
 
 CRDS = {"PodMonitor": "prometheus-operator-v0.93.1_podmonitors.yaml",

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.kernel.config import AlertThresholds
+from monitoring.dashboards import panel_queries, ray_dashboards, training_dashboard
+from monitoring.monitors import relabelings
+from monitoring.rules import rule_groups
 from spotray.drills.cluster import LocalCluster
-from spotray.infra.kernel.config import AlertThresholds
-from spotray.monitoring.dashboards import panel_queries, ray_dashboards, training_dashboard
-from spotray.monitoring.monitors import relabelings
-from spotray.monitoring.rules import rule_groups
 from spotray.ray_local import free_port
 from tests.monitoring.prom import as_promql, binary, rules_file
 

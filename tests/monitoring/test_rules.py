@@ -5,8 +5,8 @@ import re
 
 import yaml
 
-from spotray.infra.kernel.config import AlertThresholds
-from spotray.monitoring.rules import rule_groups
+from infra.kernel.config import AlertThresholds
+from monitoring.rules import rule_groups
 from tests.monitoring.prom import promtool, rules_file
 
 THRESHOLDS = AlertThresholds(stalled_minutes=10, checkpoint_minutes=30, goodput_below=0.7, preemptions_per_hour=3,

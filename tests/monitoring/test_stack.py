@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from infra.kernel.config import MonitoringConfig, from_values
+from infra.plan import plan
+from monitoring.values import kube_prometheus_stack_values
 from spotray.errors import ConfigError
-from spotray.infra.kernel.config import MonitoringConfig, from_values
-from spotray.infra.plan import plan
-from spotray.monitoring.values import kube_prometheus_stack_values
 from tests.schemas import pinned_chart_values, unknown_values_keys
 
 RELEASE = "kubernetes:helm.sh/v3:Release"

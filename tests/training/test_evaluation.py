@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
+from infra.cli import main
 from spotray import ledger
 from spotray.evaluation import rank_batches, sample_ids
 from spotray.export import ExportError, export
-from spotray.infra.cli import main
 from spotray.loop import run_root
 from tests.training.configs import make_config
 from tests.training.runs import train_locally

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.cluster.pod_security import CACHE_VARIABLES
+from cluster.pod_security import CACHE_VARIABLES
 from tests.corpus import write_corpus
 
 UID, GID = 4242, 100

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.cli import main
 from spotray.checkpoint import COMMIT_MARKER, FILES_FORMAT
 from spotray.errors import ConfigError, SpotrayError
-from spotray.infra.cli import main
 from tests.training.runs import cli_env
 
 

@@ -4,8 +4,8 @@ What a user imports is here, and stays: ``LanguageModelTask`` (subclass it for y
 model"), the ``Task`` protocol and ``ExportSpec`` it implements, ``TrainConfig`` (what the task's factory is given)
 and ``linear_weights``; for your own training script (README, "Your existing script") ``restore``, ``should_save``,
 ``commit``, ``report``, ``should_stop`` and ``spotray.hf`` (a Trainer's callback). Everything else may move.
-This folder (training/spotray/) installs as ``spotray``; the provisioning side as ``spotray.infra``, ``spotray.cluster``
-and ``spotray.monitoring``.
+This folder (training/spotray/) installs as ``spotray``; the provisioning side as ``infra``, ``cluster``
+and ``monitoring``.
 """
 
 import importlib

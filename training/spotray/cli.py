@@ -1,18 +1,23 @@
-"""The training half of the ``spotray`` command line: ``prepare``, ``train``, ``status``, ``cost``, ``prices``,
-``estimate``, ``export``, ``demo``, ``bench``.
+"""The ``spotray`` command line (its console script): ``prepare``, ``train``, ``status``, ``cost``, ``prices``,
+``estimate``, ``export``, ``demo``, ``bench``; and the Pulumi program's verbs, ``plan``, ``render``, ``pulumi-env``
+and ``submit``, which it hands to the program's own command line (``infra/cli.py``) in the clone at
+``--project-dir`` (default: the current directory), as ``pulumi`` finds ``Pulumi.yaml``: that program is not part of
+the installed package, so it is imported from there by name.
 
-It imports nothing of the provisioning side, so it runs in the training image, which has no Pulumi; each command
-imports what it needs only when it runs (``cost``, ``prices`` and ``estimate`` declare their arguments in modules
-light enough to import for that). ``python -m spotray.cli`` serves this half alone."""
+It imports nothing of the provisioning side otherwise, so it runs in the training image, which has no Pulumi; each
+command imports what it needs only when it runs (``cost``, ``prices`` and ``estimate`` declare their arguments in
+modules light enough to import for that)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from spotray.errors import SpotrayError
 
@@ -266,14 +271,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_bench)
 
 
+# The Pulumi program's verbs (infra/cli.py registers them), with what `spotray --help` says of each.
+PROGRAM_VERBS = {"plan": "offline preview of a stack (the Pulumi program in --project-dir)",
+                 "render": "a stack's Kubernetes objects as YAML files for GitOps (the program in --project-dir)",
+                 "pulumi-env": "a stack's Pulumi state backend, for CI (the program in --project-dir)",
+                 "submit": "submit a training RayJob to a stack's cluster (the program in --project-dir)"}
+
+
+def _program_cli(argv: list[str]):
+    """The command line of the Pulumi program in the clone at ``--project-dir``."""
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--project-dir=")]
+    given += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--project-dir"]
+    project = Path(given[-1] if given else ".").resolve()
+    if not ((project / "Pulumi.yaml").is_file() and (project / "infra" / "cli.py").is_file()):
+        raise SpotrayError(f"spotray {argv[0]} runs the Pulumi program of a clone of spotray's repository, and "
+                           f"{project} holds none (no Pulumi.yaml and infra/): run it in the clone, or give "
+                           "--project-dir")
+    sys.path.insert(0, str(project))
+    return importlib.import_module("infra.cli")
+
+
 def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersAction], None]) -> int:
-    """Runs one command; ``halves`` register more commands beside the training ones (the ``spotray`` console
-    script adds the provisioning half: ``infra/cli.py``)."""
+    """Runs one command; ``halves`` register more commands beside the training ones (the Pulumi program's command
+    line adds its verbs: ``infra/cli.py``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not halves and argv[:1] and argv[0] in PROGRAM_VERBS:
+        try:
+            return _program_cli(argv).main(argv)
+        except SpotrayError as exc:
+            print(f"spotray: error: {exc}", file=sys.stderr)
+            return exc.exit_code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     for register_half in (register, *halves):
         register_half(sub)
+    if not halves:
+        for verb, summary in PROGRAM_VERBS.items():
+            sub.add_parser(verb, help=summary)
     args = parser.parse_args(argv)
     try:
         args.func(args)
