@@ -1,8 +1,8 @@
 """``spotray bench soak``: one training run on a real multi-node local Ray cluster through a seeded schedule of faults,
 each kind at least once (``--minutes`` covers them and the training between them): a spot notice, a node killed
 without one, two nodes lost at once, the driver killed (the same command run again resumes), the head killed (the
-same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and the newest checkpoint
-corrupted before a kill.
+same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and a node killed and the
+newest checkpoint corrupted before the run resumes.
 
 Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
 ``(n + 1) * gap`` steps. Checked and reported: the run finishes; its final parameters are bitwise those of the same
@@ -177,8 +177,10 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         cluster.preempt_with_notice(workers[-1])
         cluster.add_node()
     elif kind in ("kill", "corrupt"):
-        corrupted = _corrupt_newest(root) if kind == "corrupt" else None
         cluster.kill(workers[-1])
+        # After the kill, which stops every save (a commit needs every rank), and long before the restart reads it:
+        # corrupted first, a checkpoint the run committed before the kill would be the newest and go unread.
+        corrupted = _corrupt_newest(root) if kind == "corrupt" else None
         cluster.add_node()
         if corrupted is not None:
             return {"kind": kind, "injected_s": round(time.time() - started, 1), "corrupted_step": corrupted}
