@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import shutil
 import sys
 import tomllib
@@ -21,6 +22,9 @@ from tests.training.configs import make_config
 from tests.training.runs import train_locally
 
 RELEASE_0_1_RUN = REPO / "tests" / "fixtures" / "run-0.1.0"  # written by spotray 0.1.0: tiny GPT, 4 steps, 1 worker
+# Written at 9a2ea7f, the settings below, when every module lay flat in spotray/: its .metadata names
+# spotray.checkpoint classes; written.json holds its parameters' SHA-256.
+FLAT_PACKAGE_RUN = REPO / "tests" / "fixtures" / "run-flat-package"
 
 
 def setuptools_table() -> dict:
@@ -69,3 +73,14 @@ def test_a_checkpoint_written_by_release_0_1_resumes_and_exports(dataset_url, tm
     assert exported["step"] == 4 and exported["files"] == ["model.safetensors"] and exported["config"]
     assert train_locally(cfg)["final_step"] == 6
     assert status.gather(run_root(cfg).url)["attempts"][-1]["from_step"] == 4  # resumed, not started over
+
+
+def test_a_checkpoint_written_when_the_modules_lay_flat_restores_bitwise_and_resumes(dataset_url, tmp_path):
+    shutil.copytree(FLAT_PACKAGE_RUN / "checkpoints", tmp_path / "runs" / "flat" / "checkpoints")
+    written = json.loads((FLAT_PACKAGE_RUN / "written.json").read_text())
+    cfg = release_0_1_config(dataset_url, tmp_path / "runs", "run.name=flat")
+    restored = train_locally(cfg)  # at the checkpoint's step: nothing to train
+    assert status.gather(run_root(cfg).url)["attempts"][-1]["from_step"] == written["step"]  # not started over
+    assert (restored["final_step"], restored["param_sha256"]) == (written["step"], written["param_sha256"])
+    assert train_locally(release_0_1_config(dataset_url, tmp_path / "runs", "run.name=flat",
+                                            "train.max_steps=6"))["final_step"] == 6
