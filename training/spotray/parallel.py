@@ -12,10 +12,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 def parallelize(model: torch.nn.Module, units: list[torch.nn.Module], mode: str, device: torch.device, bf16: bool,
                 sync_init: bool = True) -> torch.nn.Module:
     """``sync_init=False`` when a checkpoint will overwrite the weights on every rank: DDP then skips broadcasting
