@@ -180,3 +180,15 @@ def test_prepare_on_ray_prints_its_summary_and_verify_names_a_damaged_shard(spot
     shard.write_bytes(shard.read_bytes()[:-2])
     assert_one_line_error(spotray("prepare", "--verify", str(out)), "1 of", index["shards"][-1]["name"],
                           "the index says")
+
+
+def test_the_programs_verbs_run_the_pulumi_program_in_the_clone_at_project_dir(tmp_path, monkeypatch, capsys):
+    from spotray.cli import main
+
+    monkeypatch.chdir(tmp_path)  # not a clone
+    assert main(["plan", "--stack", "dev", "--project-dir", str(REPO), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stack"] == "dev"
+    assert main(["plan", "--stack", "dev"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"spotray: error: spotray plan runs the Pulumi program of a clone "
+                                                   f"of spotray's repository, and {tmp_path} holds none"), err

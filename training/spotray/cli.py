@@ -140,8 +140,6 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 def _command(sub: argparse._SubParsersAction, name: str, module: str, help: str) -> None:
     """A command whose module declares its arguments (``add_arguments``) and runs it (``run``)."""
-    import importlib
-
     commands = importlib.import_module(f"spotray.{module}")
     p = sub.add_parser(name, help=help)
     commands.add_arguments(p)
@@ -280,9 +278,9 @@ PROGRAM_VERBS = {"plan": "offline preview of a stack (the Pulumi program in --pr
 
 def _program_cli(argv: list[str]):
     """The command line of the Pulumi program in the clone at ``--project-dir``."""
-    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("--project-dir=")]
-    given += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--project-dir"]
-    project = Path(given[-1] if given else ".").resolve()
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--project-dir", default=".")
+    project = Path(where.parse_known_args(argv[1:])[0].project_dir).resolve()
     if not ((project / "Pulumi.yaml").is_file() and (project / "infra" / "cli.py").is_file()):
         raise SpotrayError(f"spotray {argv[0]} runs the Pulumi program of a clone of spotray's repository, and "
                            f"{project} holds none (no Pulumi.yaml and infra/): run it in the clone, or give "
@@ -295,22 +293,17 @@ def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersA
     """Runs one command; ``halves`` register more commands beside the training ones (the Pulumi program's command
     line adds its verbs: ``infra/cli.py``)."""
     argv = sys.argv[1:] if argv is None else argv
-    if not halves and argv[:1] and argv[0] in PROGRAM_VERBS:
-        try:
-            return _program_cli(argv).main(argv)
-        except SpotrayError as exc:
-            print(f"spotray: error: {exc}", file=sys.stderr)
-            return exc.exit_code
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    for register_half in (register, *halves):
-        register_half(sub)
-    if not halves:
-        for verb, summary in PROGRAM_VERBS.items():
-            sub.add_parser(verb, help=summary)
-    args = parser.parse_args(argv)
     try:
+        if not halves and argv[:1] and argv[0] in PROGRAM_VERBS:
+            return _program_cli(argv).main(argv)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+        parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
+        sub = parser.add_subparsers(dest="command", required=True)
+        for register_half in (register, *halves):
+            register_half(sub)
+        for verb, summary in PROGRAM_VERBS.items() if not halves else ():
+            sub.add_parser(verb, help=summary)
+        args = parser.parse_args(argv)
         args.func(args)
     except SpotrayError as exc:
         print(f"spotray: error: {exc}", file=sys.stderr)
