@@ -13,8 +13,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACKS := $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml))
 RENDERED := cluster/rendered
 
-.PHONY: demo test quick gpu-test lint workflows prometheus clean install plan-diff image render render-check pulumi-env \
-	publish-render scan
+.PHONY: demo test quick gpu-test lint docs workflows prometheus clean install plan-diff image render render-check \
+	pulumi-env publish-render scan
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ demo: $(STAMP)
 lint: $(STAMP) workflows
 	$(BIN)/ruff check .
 
+# The manual (docs/, mkdocs.yml) built into site/ with --strict: a broken link or anchor, or a page missing from the
+# nav, fails it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
 # The GitHub workflows against GitHub's schema, and zizmor's security audit (offline).
 workflows: $(STAMP)
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
@@ -48,13 +53,13 @@ prometheus:
 # the machine: a drill's node must start within Ray's fixed wait. The second round runs whatever the first's
 # outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
 PARALLEL_TESTS ?= 2
-test: lint prometheus $(CHECKOV)
+test: lint docs prometheus $(CHECKOV)
 	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not serial"; parallel=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
 	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
-quick: lint prometheus $(CHECKOV)
+quick: lint docs prometheus $(CHECKOV)
 	$(BIN)/python -m pytest -m "not cluster and not e2e"
 
 # checkov in a virtualenv of its own (its pins are not the project's), run offline by tests/cluster/test_scan.py.
@@ -106,4 +111,4 @@ image:
 	tee -a "$${GITHUB_OUTPUT:-/dev/null}"
 
 clean:
-	rm -rf $(VENV) .venv-checkov spotray-runs .pytest_cache
+	rm -rf $(VENV) .venv-checkov spotray-runs .pytest_cache site

@@ -1,7 +1,7 @@
 """Every pod spotray runs (the RayJob's head, workers and submitter; the warm spares and their init container) meets
 the restricted Pod Security profile, writes only to the volumes it is given, and mounts a service-account token only
 where it calls the Kubernetes API (the head, which reads nodes). Every namespace spotray creates carries the Pod
-Security levels the README's table gives, and every Helm release goes into one of them."""
+Security levels the table in docs/security.md gives, and every Helm release goes into one of them."""
 
 import re
 
@@ -65,7 +65,7 @@ def test_only_the_head_mounts_a_service_account_token(job):
 
 
 def test_every_namespace_spotray_creates_carries_the_levels_the_readme_gives(stack_plans):
-    table = namespace_table((REPO / "README.md").read_text())
+    table = namespace_table((REPO / "docs" / "security.md").read_text())
     for stack in STACKS:
         cfg, planned = stack_plans[stack]
         rendered = render(cfg, planned)
@@ -91,7 +91,7 @@ def test_what_touches_the_host_runs_in_the_privileged_namespace_and_nothing_else
     assert all(o["metadata"].get("namespace") != SYSTEM_NAMESPACE for o in rendered.objects.values())
 
 
-def namespace_table(readme: str) -> dict[str, tuple[str, str]]:
-    """The README's namespace table: name -> (enforce, warn and audit)."""
-    rows = re.findall(r"^\s*\| `([\w-]+)`[^|]*\| (\w+) \| (\w+) \|", readme, re.M)
+def namespace_table(page: str) -> dict[str, tuple[str, str]]:
+    """The namespace table of docs/security.md (Security): name -> (enforce, warn and audit)."""
+    rows = re.findall(r"^\s*\| `([\w-]+)`[^|]*\| (\w+) \| (\w+) \|", page, re.M)
     return {name: (enforce, report) for name, enforce, report in rows}

@@ -1,4 +1,4 @@
-"""A user's own script on a real multi-node Ray cluster, run as the README shows: a Hugging Face Trainer with
+"""A user's own script on a real multi-node Ray cluster, run as docs/scripts.md shows: a Hugging Face Trainer with
 spotray's two lines, and an Accelerate loop with spotray's calls. A preemption notice costs no step and the run
 resumes where the notice's checkpoint left it; a kill costs the steps since the newest committed checkpoint."""
 
@@ -31,7 +31,7 @@ NOTICE_MAX_STEPS = 200
 
 
 def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, *script_args: str) -> subprocess.Popen:
-    """README's command as shown (for ``script``), with where the run goes and how often it checkpoints added."""
+    """The command docs/scripts.md shows (for ``script``), with where the run goes and how often it checkpoints."""
     shown = shlex.split(readme_example("script-example"))
     assert shown[:4] == ["spotray", "train", "--script", "finetune.py"], shown
     assert shown[-2:] == ["--max-steps", str(MAX_STEPS)], shown
@@ -47,7 +47,7 @@ def start_script(project: Path, runs: Path, cluster: LocalCluster, script: str, 
 
 def run_drill(cluster: LocalCluster, tmp_path, faults: tuple[str, ...],
               example=hf_finetune) -> tuple[dict, str, Location, list[int]]:
-    """The README's command on ``example`` (copied into a user's project directory); each fault in turn hits the
+    """docs/scripts.md's command on ``example`` (copied into a user's project directory); each fault in turn hits the
     node of a worker once a checkpoint past where the run last started is committed (step 10 at first), and a
     replacement node joins. Returns the summary, the console, the run's root and the newest step committed when each
     fault landed."""
@@ -92,7 +92,7 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_a_kill_costs_it_the_step
         cluster, tmp_path):
     """The notice first, then the kill once the run has resumed and committed a checkpoint past the notice's. The
     Trainer's checkpoint uploads while the next steps train, so a kill during an upload also costs the steps since
-    the one before: under two intervals (the next save waits for the upload), as the README says."""
+    the one before: under two intervals (the next save waits for the upload), as docs/scripts.md says."""
     assert_two_lines_as_in_readme(Path(hf_finetune.__file__))
     summary, console, root, (_, committed_at_kill) = run_drill(cluster, tmp_path, ("notice", "kill"))
     assert_resumed_at_the_notice(summary, root, "files/rng_state_0.pth", "files/rng_state_1.pth",
@@ -109,12 +109,13 @@ def test_a_trainer_script_loses_no_step_to_a_notice_and_a_kill_costs_it_the_step
 
 
 def assert_two_lines_as_in_readme(script: Path) -> None:
-    """The README's two lines are the example's, word for word (the example names its dataset differently)."""
-    readme = (REPO / "README.md").read_text()
+    """The two lines docs/scripts.md (Your existing script) shows are the example's, word for word (the example names
+    its dataset differently)."""
+    page = (REPO / "docs" / "scripts.md").read_text()
     code = script.read_text()
     for call in ("callbacks=[spotray.hf.SpotrayCallback()]", "trainer.train(resume_from_checkpoint=spotray.hf."
                  "resume_checkpoint())"):
-        assert call in readme and call in code, call
+        assert call in page and call in code, call
 
 
 def test_an_accelerate_loop_loses_no_step_to_a_notice_and_resumes_at_it(cluster, tmp_path):
