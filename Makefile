@@ -13,7 +13,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 STACKS := $(patsubst Pulumi.%.yaml,%,$(wildcard Pulumi.*.yaml))
 RENDERED := cluster/rendered
 
-.PHONY: demo test quick gpu-test lint docs workflows prometheus clean install plan-diff image render render-check \
+.PHONY: demo test quick gpu-test lint typecheck docs workflows prometheus clean install plan-diff image render render-check \
 	pulumi-env publish-render scan
 
 $(STAMP): pyproject.toml
@@ -31,6 +31,10 @@ demo: $(STAMP)
 
 lint: $(STAMP) workflows
 	$(BIN)/ruff check .
+
+# mypy over the package and the tests, as [tool.mypy] in pyproject.toml configures it.
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 # The manual (docs/, mkdocs.yml) built into site/ with --strict: a broken link or anchor, or a page missing from the
 # nav, fails it.
@@ -53,13 +57,13 @@ prometheus:
 # the machine: a drill's node must start within Ray's fixed wait. The second round runs whatever the first's
 # outcome; 5 is pytest's "no test selected" (a subset in PYTEST_ADDOPTS).
 PARALLEL_TESTS ?= 2
-test: lint docs prometheus $(CHECKOV)
+test: lint typecheck docs prometheus $(CHECKOV)
 	$(BIN)/python -m pytest -n $(PARALLEL_TESTS) -m "not serial"; parallel=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
 	for rc in $$parallel $$serial; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done
 
 # Before a commit: every test but the whole training runs, the multi-node drills and the bench commands.
-quick: lint docs prometheus $(CHECKOV)
+quick: lint typecheck docs prometheus $(CHECKOV)
 	$(BIN)/python -m pytest -m "not cluster and not e2e"
 
 # checkov in a virtualenv of its own (its pins are not the project's), run offline by tests/cluster/test_scan.py.
@@ -111,4 +115,4 @@ image:
 	tee -a "$${GITHUB_OUTPUT:-/dev/null}"
 
 clean:
-	rm -rf $(VENV) .venv-checkov spotray-runs .pytest_cache site
+	rm -rf $(VENV) .venv-checkov spotray-runs .pytest_cache .mypy_cache site

@@ -53,4 +53,5 @@ class TrainingJob(pulumi.ComponentResource):
         config = from_manifest(f"{name}-config", config_map(train, settings), pulumi.ResourceOptions(parent=self))
         job = from_manifest(name, manifest, pulumi.ResourceOptions(parent=self, depends_on=[config]))
         self.job_name = manifest["metadata"]["name"]
-        self.register_outputs({"job_name": self.job_name, "uid": job.metadata.apply(lambda m: m.get("uid"))})
+        uid = job.metadata.apply(lambda m: m.get("uid"))  # type: ignore[attr-defined]  # outputs are set at run time
+        self.register_outputs({"job_name": self.job_name, "uid": uid})

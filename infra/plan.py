@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks, rpc, settings
@@ -140,7 +141,7 @@ def plan(cfg: StackConfig) -> Plan:
 def run_mocked(build: Callable[[], dict], project: str, stack: str, region: str | None) -> Plan:
     """Runs ``build`` (which creates resources and returns outputs) under mocks and records what it created."""
     result = Plan(stack)
-    settings.set_root_resource(None)
+    settings.set_root_resource(None)  # type: ignore[arg-type]  # pulumi's annotation omits None; its ROOT is Optional
     monitor = _RecordingMonitor(_Mocks(region), result)
     pulumi.runtime.set_mocks(monitor.mocks, project=project, stack=stack, preview=True, monitor=monitor)
 
@@ -176,7 +177,7 @@ KEY_INPUTS = {
 def _key_inputs(r: PlannedResource) -> str:
     parts = []
     for path in KEY_INPUTS.get(r.type, ()):
-        value = r.inputs
+        value: Any = r.inputs  # walks down to any JSON value
         for key in path.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         if path.endswith("requirements") and isinstance(value, list):

@@ -30,6 +30,8 @@ def deploy(cfg: StackConfig) -> dict[str, pulumi.Input]:
     """Creates the stack's resources; returns the stack outputs."""
     if cfg.platform == "existing":
         return _existing_cluster(cfg)
+    # from_values gives platform aws its sections and StackConfig refuses it without a region
+    assert cfg.network and cfg.kubernetes and cfg.core_pool and cfg.region
     tags = cfg.resource_tags()
     boundary = PermissionsBoundary("boundary", cfg.cluster_name, tags).arn
     network = Network("network", NetworkArgs(cfg.network, cfg.cluster_name, tags))
@@ -114,5 +116,5 @@ def _existing_cluster(cfg: StackConfig) -> dict[str, pulumi.Input]:
     _in_cluster(cfg, provider, depends_on=_monitoring(cfg, provider, depends_on=[_system_namespace(provider, [])]))
     minio = cfg.storage.backend == "minio"
     endpoint = minio_endpoint(TRAINING_NAMESPACE) if minio else "https://s3.amazonaws.com"
-    outputs = {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}
+    outputs: dict[str, pulumi.Input] = {"storageEndpoint": endpoint, "storageBucket": cfg.bucket, "gpuPools": []}
     return {**outputs, "datasetsBucket": datasets_bucket(cfg.bucket)} if minio else outputs

@@ -30,7 +30,7 @@ MORE = int(os.environ.get("SPOTRAY_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(max_examples=MORE or 150, deadline=None, derandomize=not MORE, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 UNKNOWN = "zz_unknown"
-ODD_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+ODD_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 NUMBERS = st.one_of(st.integers(), st.integers(min_value=-(2**80), max_value=2**80),
                     st.floats(allow_nan=True, allow_infinity=True))
 VALUES = st.one_of(st.none(), st.booleans(), NUMBERS, ODD_TEXT, st.lists(NUMBERS | ODD_TEXT, max_size=3),

@@ -39,7 +39,9 @@ def test_the_wheel_holds_spotray_alone_and_every_module_imports_from_its_own_fil
     for path in modules:
         parts = path.relative_to(REPO / "training").with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        assert Path(importlib.util.find_spec(name).origin) == path, name
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        assert Path(spec.origin) == path, name
     assert not [finder for finder in sys.meta_path if "editable" in type(finder).__module__.lower()]
 
 
@@ -49,9 +51,10 @@ def test_no_module_imports_the_training_folder_by_its_name():
                  for p in sorted((REPO / folder).rglob("*.py"))), REPO / "__main__.py"]
     bare = []
     for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in (n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                     [node.module] if node.level == 0 and node.module else [])
             bare += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names if n.split(".")[0] == "training"]
     assert bare == []
 

@@ -108,7 +108,7 @@ def wandb_records(path: Path) -> Iterator:
         message += data[position + _HEADER:position + _HEADER + length]
         position += _HEADER + length
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # protobuf makes it at import time
             record.ParseFromString(message)
             message = b""
             yield record

@@ -45,11 +45,12 @@ class Cluster(pulumi.ComponentResource):
                         child)
         logs = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/aws/eks/{args.name}/cluster", retention_in_days=90,
                                        tags=tags, opts=child)
+        vpc_config: aws.eks.ClusterVpcConfigArgsDict = {"subnet_ids": args.subnet_ids, "endpoint_private_access": True,
+                                                         "endpoint_public_access": k8s.public_endpoint}
+        if k8s.public_endpoint:
+            vpc_config["public_access_cidrs"] = list(k8s.public_access_cidrs)
         cluster = aws.eks.Cluster(
-            f"{name}-eks", name=args.name, version=k8s.version, role_arn=role.arn,
-            vpc_config={"subnet_ids": args.subnet_ids, "endpoint_private_access": True,
-                        "endpoint_public_access": k8s.public_endpoint,
-                        **({"public_access_cidrs": list(k8s.public_access_cidrs)} if k8s.public_endpoint else {})},
+            f"{name}-eks", name=args.name, version=k8s.version, role_arn=role.arn, vpc_config=vpc_config,
             kubernetes_network_config={"service_ipv4_cidr": k8s.service_cidr},
             encryption_config={"provider": {"key_arn": key.arn}, "resources": ["secrets"]},
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,

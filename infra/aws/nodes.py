@@ -3,6 +3,7 @@ nodes to run on."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -22,7 +23,7 @@ ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs
 class CoreNodesArgs:
     cluster_name: pulumi.Input[str]
     config: CorePoolConfig
-    subnet_ids: list[pulumi.Input[str]]
+    subnet_ids: Sequence[pulumi.Input[str]]
     tags: dict[str, str]
     boundary: pulumi.Input[str]  # the permissions boundary of every role the stack creates
 
@@ -42,10 +43,11 @@ class CoreNodes(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]))
         ebs_role = iam.role(f"{name}-ebs-csi", iam.POD_IDENTITY_PRINCIPAL,
                             ["service-role/AmazonEBSCSIDriverPolicy"], tags, args.boundary, child)
-        previous = group
+        previous: pulumi.Resource = group
         for addon in ADDONS:
-            pod_identity = ([{"role_arn": ebs_role.arn, "service_account": "ebs-csi-controller-sa"}]
-                            if addon == "aws-ebs-csi-driver" else None)
+            pod_identity: list[aws.eks.AddonPodIdentityAssociationArgsDict] | None = (
+                [{"role_arn": ebs_role.arn, "service_account": "ebs-csi-controller-sa"}]
+                if addon == "aws-ebs-csi-driver" else None)
             previous = aws.eks.Addon(f"{name}-{addon}", cluster_name=args.cluster_name, addon_name=addon,
                                      resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
                                      pod_identity_associations=pod_identity, tags=tags,

@@ -39,7 +39,7 @@ def _network(section: Section, value: str, name: str) -> ipaddress.IPv4Network:
     try:
         return ipaddress.IPv4Network(value)
     except (ValueError, TypeError):
-        section.require(False, name, f"{value!r} is not an IPv4 CIDR block", "write it like 10.20.0.0/16")
+        section.reject(name, f"{value!r} is not an IPv4 CIDR block", "write it like 10.20.0.0/16")
 
 
 def _no_overlap(section: Section, blocks: list[tuple[str, str]]) -> None:
@@ -102,7 +102,7 @@ class KubernetesConfig(Section):
 
     def __post_init__(self):
         match = re.fullmatch(r"1\.(\d+)", self.version)
-        self.require(bool(match) and int(match.group(1)) >= MIN_KUBERNETES_MINOR, "version",
+        self.require(match is not None and int(match.group(1)) >= MIN_KUBERNETES_MINOR, "version",
                      f"{self.version!r} is not a supported EKS version",
                      f"use 1.{MIN_KUBERNETES_MINOR} or newer, quoted")
         _network(self, self.service_cidr, "service_cidr")
@@ -205,7 +205,7 @@ def _image(ref: Any, key: str) -> Image:
     ``<account>.dkr.ecr.<region>.amazonaws.com/bitnamilegacy/minio:<tag>``."""
     match = _IMAGE.fullmatch(str(ref))
     registry = match.group(1) if match else ""
-    if not ("." in registry or ":" in registry or registry == "localhost") or not (match[3] or match[4]):
+    if not match or not ("." in registry or ":" in registry or registry == "localhost") or not (match[3] or match[4]):
         raise ConfigError(key, f"{ref!r} is not registry/repository:tag or registry/repository@sha256:<digest>",
                           "give the full reference with its registry and a tag or digest, e.g. "
                           "docker.io/bitnamilegacy/minio:<tag>")
@@ -428,7 +428,9 @@ class StackConfig(Section):
     def _check_aws(self) -> None:
         if not self.region:
             raise ConfigError("aws:region", "is not set", "pulumi config set aws:region us-west-2")
-        wrong = [az for az in self.network.availability_zones if not az.startswith(self.region)]
+        assert self.network is not None and self.kubernetes is not None, "from_values gives platform aws its sections"
+        zones = self.network.availability_zones
+        wrong = [az for az in zones if not az.startswith(self.region)]
         self.require(not wrong, "network.availability_zones", f"{wrong} are not in region {self.region}",
                      f"use zones of {self.region}")
         _no_overlap(self, [("network.vpc_cidr", self.network.vpc_cidr),
@@ -488,7 +490,10 @@ _AWS_ONLY = ("network", "kubernetes", "core_pool", "gpu_pools")  # StackConfig f
 def from_values(project: str, stack: str, values: Mapping[str, Any], region: str | None,
                 project_dir: Path | None = None) -> StackConfig:
     """``values``: the ``spotray:`` keys without their namespace, as Pulumi or the stack file gives them;
-    ``project_dir``: where paths in them are relative to (default: the working directory, as under Pulumi)."""
+    ``project_dir``: where paths in them are relative to (default: the working directory, as under Pulumi).
+    An AWS section left empty in a stack file (``spotray:network:``) is null: it reads as absent, with its defaults."""
+    aws_keys = {key_of(StackConfig, name) for name in _AWS_ONLY}
+    values = {key: value for key, value in values.items() if value is not None or key not in aws_keys}
     try:
         cfg = read(StackConfig, values, "", _defaults(stack, values), project=project, stack=stack, region=region)
     except ConfigError as exc:
@@ -502,8 +507,9 @@ def _defaults(stack: str, values: Mapping[str, Any]) -> dict[type, dict[str, Any
     """Defaults that depend on the stack: the environment is the stack's name, prod gets a NAT gateway per zone,
     and an AWS stack reads its AWS sections even when the file leaves them out (their own defaults apply)."""
     environment = values.get(key_of(StackConfig, "environment")) or stack
-    defaults = {StackConfig: {"environment": stack}, NetworkConfig: {"nat_gateways": "perAz" if environment == "prod"
-                                                                     else "single"}}
+    nat_gateways = "perAz" if environment == "prod" else "single"
+    defaults: dict[type, dict[str, Any]] = {StackConfig: {"environment": stack},
+                                            NetworkConfig: {"nat_gateways": nat_gateways}}
     aws_keys = [key_of(StackConfig, name) for name in _AWS_ONLY]
     if values.get(key_of(StackConfig, "platform")) == "existing":
         given = [key for key in aws_keys if values.get(key)]
@@ -532,7 +538,7 @@ def from_pulumi() -> StackConfig:
     config = pulumi.Config(NAMESPACE)
     kubeconfig = key_of(StackConfig, "kubeconfig")
     keys = [f.metadata["key"] for f in dataclasses.fields(StackConfig) if "key" in f.metadata]
-    values = {key: _decoded(config.get(key)) for key in keys if key != kubeconfig and config.get(key) is not None}
+    values = {key: _decoded(value) for key in keys if key != kubeconfig and (value := config.get(key)) is not None}
     if config.get(kubeconfig) is not None:
         values[kubeconfig] = config.require_secret(kubeconfig)
     return from_values(pulumi.get_project(), pulumi.get_stack(), values, pulumi.Config("aws").get("region"))

@@ -3,6 +3,8 @@ object store's address. Values only; changing one changes what is deployed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from infra.kernel.versions import KUBE_PROMETHEUS_STACK
 
 # Namespaces
@@ -40,7 +42,7 @@ GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_T
 DISCOVERY_TAG = "karpenter.sh/discovery"
 
 # Ray's metrics endpoints by node type, named as the PodMonitors and NetworkPolicies refer to them
-METRICS_PORTS = {
+METRICS_PORTS: dict[str, list[dict[str, Any]]] = {
     "head": [{"name": "metrics", "containerPort": 8080}, {"name": "as-metrics", "containerPort": 44217},
              {"name": "dash-metrics", "containerPort": 44227}],
     "worker": [{"name": "metrics", "containerPort": 8080}],

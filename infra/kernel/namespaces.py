@@ -1,6 +1,6 @@
 """The namespaces spotray creates, each labelled for Pod Security Admission: the level the API server enforces,
 and the level it warns about and audits (the same, or stricter where a chart's pods are not known to meet it).
-The README's namespace table says the same."""
+The namespace table in docs/security.md says the same."""
 
 from __future__ import annotations
 

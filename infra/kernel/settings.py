@@ -9,7 +9,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from spotray.errors import ConfigError, key_text
 
@@ -33,26 +33,35 @@ class Section:
     def require(self, ok: bool, name: str | None, problem: str, fix: str) -> None:
         """``name``: a field (``min_size``), a dotted path into nested sections, or None for the whole section."""
         if not ok:
-            raise ConfigError(self._PREFIX + (key_of(type(self), name) if name else ""), problem, fix)
+            self.reject(name, problem, fix)
+
+    def reject(self, name: str | None, problem: str, fix: str) -> NoReturn:
+        raise ConfigError(self._PREFIX + (key_of(type(self), name) if name else ""), problem, fix)
 
 
 def key_of(cls: type, path: str) -> str:
     """The stack-file key of a field path: ``network.availability_zones`` -> ``network.availabilityZones``; past
     the last section the path names map keys (``prices_usd_per_hour.g5.xlarge`` -> ``pricesUsdPerHour.g5.xlarge``)."""
     keys = []
+    section: type | None = cls
     for name in path.split("."):
-        if cls is None:
+        if section is None:
             keys.append(name)
             continue
-        keys.append(next(f for f in dataclasses.fields(cls) if f.name == name).metadata["key"])
-        cls = _section_type(typing.get_type_hints(cls)[name])
+        keys.append(next(f for f in dataclasses.fields(section) if f.name == name).metadata["key"])
+        section = _section_type(typing.get_type_hints(section)[name])
     return ".".join(keys)
 
 
 def _section_type(hint: Any) -> type | None:
     """The dataclass a field holds (itself, optional, or a tuple of them), if any."""
     candidates = [hint, *typing.get_args(hint)]
-    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+    return next((c for c in candidates if _is_section(c)), None)
+
+
+def _is_section(hint: Any) -> typing.TypeGuard[type]:
+    """Whether a field type is a dataclass read as a section (a class, never an instance)."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
 def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], **context: Any) -> Any:
@@ -60,9 +69,10 @@ def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], *
     ``defaults`` give absent keys values (read like given ones); ``context`` fills fields not in the file."""
     raw = mapping(raw, path)
     settings = {f.metadata["key"]: f for f in dataclasses.fields(cls) if "key" in f.metadata}
-    retired = sorted(set(raw) & set(getattr(cls, "_RETIRED", {})), key=str)
+    replacements: dict[str, str] = getattr(cls, "_RETIRED", {})
+    retired = sorted(set(raw) & set(replacements), key=str)
     if retired:
-        raise ConfigError(_join(path, retired[0]), "is no longer a setting", cls._RETIRED[retired[0]])
+        raise ConfigError(_join(path, retired[0]), "is no longer a setting", replacements[retired[0]])
     unknown = sorted(set(raw) - set(settings), key=str)
     if unknown:
         raise ConfigError(_join(path, unknown[0]), "is not a setting here", f"use only {', '.join(sorted(settings))}")
@@ -91,7 +101,7 @@ def _typed(hint: Any, value: Any, key: str, defaults: dict[type, dict[str, Any]]
         if value is None:
             return None
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if dataclasses.is_dataclass(hint):
+    if _is_section(hint):
         return read(hint, value, key, defaults)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:

@@ -13,13 +13,16 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 def test_the_training_image_builds_on_the_pinned_ray_gpu_image():
     dockerfile = (REPO / "training" / "Dockerfile").read_text()
-    assert re.search(r"^ARG RAY_IMAGE=(\S+)$", dockerfile, re.M).group(1) == RAY_GPU_IMAGE
+    pinned = re.search(r"^ARG RAY_IMAGE=(\S+)$", dockerfile, re.M)
+    assert pinned and pinned.group(1) == RAY_GPU_IMAGE
 
 
 def test_the_pinned_image_has_the_ray_and_python_the_package_requires():
     ray = next(Requirement(d) for d in PROJECT["dependencies"] if Requirement(d).name == "ray")
     assert Version(RAY_VERSION) in ray.specifier, f"pyproject requires {ray}, the image and RayJobs run {RAY_VERSION}"
-    major, minor = re.search(r"-py(\d)(\d+)-", RAY_GPU_IMAGE).groups()
+    python = re.search(r"-py(\d)(\d+)-", RAY_GPU_IMAGE)
+    assert python
+    major, minor = python.groups()
     assert Version(f"{major}.{minor}") in SpecifierSet(PROJECT["requires-python"])
 
 

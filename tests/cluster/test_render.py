@@ -135,6 +135,7 @@ def test_the_training_job_rendered_is_the_one_the_builders_make_and_pulumi_deplo
     job = rendered.objects["objects/spotray/rayjob-gpt-small.yaml"]
     assert job == rayjob(cfg.training.run, job_settings(cfg))
     write(rendered, tmp_path / "out")
+    assert cfg.kubernetes is not None
     for obj in objects(tmp_path / "out").values():
         check_valid(obj, cfg.kubernetes.version)
 

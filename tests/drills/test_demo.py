@@ -49,6 +49,7 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert events[1]["lost_steps_at_most"] == events[1]["lost_steps"] + 2 * 5 - 1  # two log intervals unwritten
     attempts = resolve(demo_workdir).child(written["run_name"], "attempts")
     noticed = goodput.read_status(attempts, ledger.read_attempts(attempts)[0].attempt_id)
+    assert noticed is not None
     assert noticed["moved_at"] is not None and noticed["drain_wait_s"] < 20  # not the 20 s drain deadline
     assert all(e["recovery_s"] > 0 for e in events)
     assert written["exactly_once"] is True and written["final_step"] == 150

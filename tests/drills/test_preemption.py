@@ -98,7 +98,8 @@ def test_preemption_with_notice_loses_no_steps_with_a_transformers_model(cluster
     llama = [f"model.hf.config.{key}={value}" for key, value in TINY["llama"].items()]
     first_last, second_from = run_drill(cluster, dataset_url, tmp_path, cluster.preempt_with_notice, "notice",
                                         *llama)
-    assert read_model_record(resolve(f"{tmp_path}/ckpt").child("drill"))[0]["task"] == "hf"
+    record, _ = read_model_record(resolve(f"{tmp_path}/ckpt").child("drill"))
+    assert record is not None and record["task"] == "hf"
     # The notice lands between periodic saves, or on one, which is then reused rather than rewritten.
     assert second_from == first_last, f"resumed at {second_from} but the first attempt reached {first_last}"
     driver_log = (tmp_path / "driver.log").read_text()

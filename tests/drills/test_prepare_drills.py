@@ -15,10 +15,10 @@ import pytest
 
 from spotray.bench.prepare import train_bpe, write_corpus
 from spotray.data.prepare import prepare
-from tests.training.test_prepare import dataset_digests
+from tests.training.test_prepare import PrepareFields, dataset_digests
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
-SETTINGS = {"chunk_mb": 1.0, "shard_tokens": 1 << 16}
+SETTINGS: PrepareFields = {"chunk_mb": 1.0, "shard_tokens": 1 << 16}
 
 pytestmark = pytest.mark.cluster  # a real multi-node local Ray cluster (make quick leaves these out)
 

@@ -16,8 +16,8 @@ def test_the_schedule_has_every_kind_at_least_once_and_is_the_same_for_a_seed():
     assert len({tuple(schedule(seed, 12)) for seed in range(20)}) > 1
 
 
-RUN = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True},
-       "losses": {str(step): 1.0 for step in range(1, 101)}}
+LOSSES = {str(step): 1.0 for step in range(1, 101)}
+RUN = {"final_step": 100, "param_sha256": "a", "audit": {"exactly_once": True}, "losses": LOSSES}
 SAVES = {"failed": [60], "committed": [80, 90, 100]}  # a save failed in the outage; those kept at the end
 
 
@@ -42,7 +42,7 @@ def test_each_check_fails_on_what_it_guards():
     assert not checks["corrupted_checkpoint_never_resumed"]
     assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], 4, 100, {**SAVES, "committed": [80, 90]})[
         "finished"]
-    gap = {**RUN, "losses": {step: loss for step, loss in RUN["losses"].items() if step != "37"}}
+    gap = {**RUN, "losses": {step: loss for step, loss in LOSSES.items() if step != "37"}}
     assert not soak_checks(gap, {"param_sha256": "a"}, events, faults, [], 4, 100, SAVES)["loss_log_complete"]
 
 

@@ -5,6 +5,7 @@ GPU in bf16, with DDP and FSDP2, from a fresh init (``model.hf.config``) and fro
 from __future__ import annotations
 
 import json
+from typing import TypedDict
 
 import pytest
 import torch
@@ -14,8 +15,22 @@ from spotray.data.dataset import TokenDataset
 from tests.gpu.configs import assert_learns, gpu_config, losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 64}
+
+
+class LlamaShape(TypedDict):
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+LLAMA_SHAPE: LlamaShape = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320,
+                           "max_position_embeddings": 64}
+LLAMA = {"model_type": "llama", **LLAMA_SHAPE}
 INLINE = f"model.hf.config={json.dumps(LLAMA)}"
 
 
@@ -45,7 +60,7 @@ def save_trained_llama(dataset_url: str, directory) -> float:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in LLAMA.items() if k != "model_type"})).cuda()
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA_SHAPE)).cuda()  # type: ignore[call-arg]  # typeshed @wraps: no self
     data = TokenDataset.open(dataset_url, 32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for step in range(60):

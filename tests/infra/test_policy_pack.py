@@ -5,6 +5,7 @@ import importlib.util
 import sys
 import types
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -14,15 +15,16 @@ from tests.repo import REPO
 
 @pytest.fixture(scope="module")
 def pack(request):
-    registered = {}
+    registered: dict[str, Any] = {}
     sdk = types.ModuleType("pulumi_policy")
-    sdk.EnforcementLevel = SimpleNamespace(MANDATORY="mandatory")
-    sdk.StackValidationPolicy = lambda **kw: SimpleNamespace(**kw)
-    sdk.PolicyPack = lambda **kw: registered.update(kw)
+    vars(sdk).update(EnforcementLevel=SimpleNamespace(MANDATORY="mandatory"),
+                     StackValidationPolicy=lambda **kw: SimpleNamespace(**kw),
+                     PolicyPack=lambda **kw: registered.update(kw))
     saved = sys.modules.get("pulumi_policy")
     sys.modules["pulumi_policy"] = sdk
     try:
         spec = importlib.util.spec_from_file_location("spotray_policy_pack", REPO / "policy" / "__main__.py")
+        assert spec is not None and spec.loader is not None
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
     finally:
         sys.modules.pop("pulumi_policy")
@@ -37,7 +39,7 @@ def engine_resource(type_, name, props, protect=False):
 
 def validate(pack, policy_name, resources) -> list[str]:
     policy = next(p for p in pack["policies"] if p.name == policy_name)
-    reported = []
+    reported: list[str] = []
     policy.validate(SimpleNamespace(resources=resources), reported.append)
     return reported
 

@@ -30,6 +30,7 @@ def test_every_stack_file_loads(stack):
 
 def test_stacks_differ_only_in_values_and_prod_is_protected_with_a_nat_per_zone():
     dev, prod = (load_stack_file(REPO, s) for s in ("dev", "prod"))
+    assert dev.network is not None and prod.network is not None
     assert (dev.protect, dev.network.nat_gateways) == (False, "single")
     assert (prod.protect, prod.network.nat_gateways) == (True, "perAz")
 
@@ -178,6 +179,14 @@ def test_an_existing_cluster_takes_no_aws_settings_and_needs_a_bucket_for_s3():
         from_values("spotray", "existing", {**existing, "network": {"vpcCidr": "10.0.0.0/16"}}, None)
     with pytest.raises(ConfigError, match="spotray:storage.bucket.*required"):
         from_values("spotray", "existing", {**existing, "storage": {"backend": "s3"}}, None)
+
+
+def test_an_aws_section_left_empty_in_the_stack_file_reads_as_its_defaults():
+    assert load(corePool=None).core_pool == load().core_pool
+    with pytest.raises(ConfigError, match="spotray:network.availabilityZones': has 0 zone"):
+        load(network=None)
+    with pytest.raises(ConfigError, match="spotray:kubernetes.publicAccessCidrs': is empty"):
+        load(kubernetes=None)
 
 
 def test_config_is_frozen():

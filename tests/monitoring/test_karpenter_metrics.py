@@ -104,7 +104,7 @@ _PRICES = [("g5.xlarge", "spot", "us-west-2a", 0.5), ("g5.xlarge", "spot", "us-w
            ("g5.xlarge", "on-demand", "us-west-2a", 1.0), ("p5.48xlarge", "on-demand", "us-west-2b", 98.25),
            ("p5.48xlarge", "spot", "us-west-2b", 40.0), ("m7i.xlarge", "on-demand", "us-west-2a", 0.25)]
 # What each Karpenter panel of the cluster dashboard must show for them: (panel title, legend) -> samples.
-_EXPECTED = {
+_EXPECTED: dict[tuple[str, str], list[tuple[str, float]]] = {
     ("Nodes by capacity type", "{{capacity_type}}"): [('{capacity_type="spot"}', 2),
                                                       ('{capacity_type="on-demand"}', 1)],
     ("Nodes by capacity type", "core (managed node group)"): [("{}", 1)],

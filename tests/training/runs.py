@@ -15,7 +15,9 @@ from spotray.loop import run_root
 def train_locally(cfg: TrainConfig) -> dict:
     """``scaling.num_workers`` CPU processes without Ray; the run's summary (per-step losses, audit)."""
     train_on_process_group(cfg.to_dict(), cfg.scaling.num_workers)
-    return launch.summarize(cfg, len(launch.preflight(cfg).open_dataset()), run_root(cfg))
+    task = launch.preflight(cfg)
+    assert task is not None, "a script run has no task"
+    return launch.summarize(cfg, len(task.open_dataset()), run_root(cfg))
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -61,7 +61,7 @@ def test_the_console_says_once_per_wait_that_the_workers_wait_for_capacity(tmp_p
     now = [1000.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     waiting = Placement(False, "2 workers of 1 GPU each; the cluster has 0 GPU free")
-    answers = {"state": waiting}
+    answers: dict[str, Placement | None] = {"state": waiting}
     stream = io.StringIO()
     monitor = progress.ProgressMonitor(resolve(str(tmp_path / "attempts")), 1024, stream=stream,
                                        placement=lambda: answers["state"])

@@ -276,7 +276,8 @@ def test_a_save_while_retention_still_cannot_delete_fails_without_writing_and_th
     assert ckpt.save(40, {"box": Box(40.0)}) is None and ckpt.failed_saves == 1
     assert not run_root.child("checkpoints", "step_000000040").exists()
     outage["on"] = False
-    assert ckpt.save(41, {"box": Box(41.0)}).step == 41
+    saved = ckpt.save(41, {"box": Box(41.0)})
+    assert saved is not None and saved.step == 41
     ckpt.close()
     # keep_last and the one being written, at every write; 10 went before 41 was written
     assert max(len(folders) for folders in held) == 3, held
@@ -303,7 +304,8 @@ def test_failed_save_during_an_outage_is_retried_and_never_resumed_from(outage, 
     assert ckpt.retry_due(21)
     outage.restore()
     assert restore(root) == (10, 10.0), "the failed save must never be resumed from"
-    assert ckpt.ensure_saved(21, {"box": Box(21.0)}).step == 21
+    saved = ckpt.ensure_saved(21, {"box": Box(21.0)})
+    assert saved is not None and saved.step == 21
     ckpt.close()
     assert not ckpt.retry_due(22) and restore(root) == (21, 21.0)
 
@@ -338,7 +340,8 @@ def test_keep_best_keeps_the_lowest_val_loss_beyond_keep_last_and_an_emergency_s
     ckpt.close()
     kept = list_committed(run_root.child("checkpoints"))
     assert [(c.step, c.val_loss) for c in kept] == [(35, None), (20, 2.0)]
-    assert best_checkpoint(kept).step == 20
+    best = best_checkpoint(kept)
+    assert best is not None and best.step == 20
 
 
 def test_without_keep_best_retention_is_keep_last_alone(run_root):

@@ -125,7 +125,7 @@ def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, data
     assert not (tmp_path / "ckpt").exists()
 
 
-# The prepare-on-Ray test below runs Ray's workers without the extra, and the README example's test in
+# The prepare-on-Ray test below runs Ray's workers without the extra, and the manual's example's test in
 # test_user_task trains through the console script, in make test.
 @pytest.mark.e2e
 def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(spotray, image_env, tmp_path,

@@ -46,6 +46,7 @@ def test_nodes_are_billed_through_the_recovery_from_creation_and_not_in_a_lost_s
     assert by_node["n3"].seconds == 4000 - 1900  # created for the run during the recovery
     assert bill.usd == pytest.approx((3940 + 2100) / 3600 * SPOT)
     assert bill.tokens == 20 * 100
+    assert bill.usd is not None
     assert bill.usd_per_million_tokens == pytest.approx(bill.usd / 0.002)
     assert bill.interruptions == 1 and bill.node_hours == pytest.approx((3940 + 1740 + 2100) / 3600)
 
@@ -60,6 +61,7 @@ def test_the_on_demand_counterfactual_has_the_kept_steps_the_first_start_and_the
     bill = cost_of(interrupted_run(), [node("n1", T0), node("n2", T0), node("n3", T0 + 1900)])
     seconds = 20 * 10.0 + (60 + 5.0) + 1.0 * (20.0 + 20.0)  # every trained step was kept
     assert bill.on_demand_usd == pytest.approx(seconds / 3600 * 2 * ON_DEMAND)
+    assert bill.usd is not None and bill.on_demand_usd is not None
     assert bill.saving == pytest.approx(1 - bill.usd / bill.on_demand_usd)
 
 
@@ -123,6 +125,7 @@ def test_the_live_cost_waits_for_the_drivers_node_record_then_prices_the_attempt
     def refreshed(now: float) -> cost.RunCost:
         live.poke(now)
         with live._busy:  # the refresh thread holds it until it is done
+            assert live.latest is not None
             return live.latest
 
     assert refreshed(time.time()).usd is None  # the driver has not recorded the node yet

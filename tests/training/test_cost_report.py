@@ -1,4 +1,4 @@
-"""``spotray cost`` as the README shows it, over ledgers that name their nodes and prices; and ``status``'s cost."""
+"""``spotray cost`` as docs/cost.md shows it, over ledgers that name their nodes and prices; and ``status``'s cost."""
 
 from __future__ import annotations
 

@@ -119,6 +119,7 @@ def test_hf_tokenizer_round_trip(tmp_path):
     index = prepare(str(corpus), str(tmp_path / "out"), tokenizer=str(tmp_path / "tok"))
 
     eot = tok.token_to_id("<|endoftext|>")
+    assert eot is not None
     stream = [i for t in texts for i in tok.encode(t, add_special_tokens=False).ids + [eot]]
     digest = hashlib.sha256((tmp_path / "tok" / "tokenizer.json").read_bytes()).hexdigest()[:16]
     assert (index["tokenizer"], index["eot_token"], index["vocab_size"]) == (f"hf:{digest}", eot, tok.get_vocab_size())
@@ -151,6 +152,7 @@ def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_cop
 
     assert index["tokenizer_file"] == "tokenizer.json"
     copy = TokenDataset.open(f"{bucket_url}/tokens", seq_len=3, options=options).tokenizer_file
+    assert copy is not None
     assert copy.read_bytes() == (tmp_path / "model" / "tokenizer.json").read_bytes()
 
 

@@ -39,7 +39,7 @@ def eval_worker(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
     from torch.distributed.tensor import DTensor
 
     from spotray.config import from_dict
-    from spotray.evaluation import Evaluator
+    from spotray.evaluation import Evaluator, open_val_dataset
     from spotray.loop import WorkerEnv, build_parts, param_sha256
 
     results = []
@@ -48,7 +48,7 @@ def eval_worker(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
         env = WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None)
         parts = build_parts(cfg, env)
         before = param_sha256(parts.model)
-        evaluate = Evaluator(cfg, parts.task, parts.task.open_val_dataset(), rank, world_size, env.device)
+        evaluate = Evaluator(cfg, parts.task, open_val_dataset(parts.task), rank, world_size, env.device)
         results.append({"metrics": evaluate(parts.model), "unchanged": param_sha256(parts.model) == before,
                         "sharded": all(isinstance(p, DTensor) for p in parts.model.parameters()),
                         "training": parts.model.training})

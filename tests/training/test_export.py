@@ -133,7 +133,7 @@ def test_a_byte_tokenizer_run_exports_a_tokenizer_that_a_pipeline_generates_with
     config = json.loads((out / "config.json").read_text())
     assert config["eos_token_id"] == config["pad_token_id"] == 256
     generator = pipeline("text-generation", model=str(out), device="cpu")
-    assert generator.tokenizer.eos_token_id == 256
+    assert generator.tokenizer is not None and generator.tokenizer.eos_token_id == 256
     text = generator("Once upon", max_new_tokens=8, do_sample=False)[0]["generated_text"]
     assert isinstance(text, str) and text.startswith("Once upon")
 

@@ -65,7 +65,9 @@ def test_a_deadline_too_short_for_a_save_is_logged_and_recorded_and_training_goe
     assert time.monotonic() - started < 2.0, "it must not wait for the node to go"
     writer.close(timeout_s=10)
     assert "too short for a checkpoint" in caplog.text
-    notice = goodput.read_status(attempts, "a1")["notice"]
+    status = goodput.read_status(attempts, "a1")
+    assert status is not None
+    notice = status["notice"]
     assert notice["step"] == 7 and notice["committed"] is False
     assert list_committed(checkpoints_root(root)) == [] and reports == []
 
@@ -92,6 +94,7 @@ def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity
     assert moved and 1.5 < waited < 10, waited  # not the 60 s to the deadline
     assert [c.step for c in list_committed(checkpoints_root(root))] == [7]
     status = goodput.read_status(attempts, "a1")
+    assert status is not None
     assert status["notice"]["committed"] and status["moved_at"] >= status["notice"]["at"]
 
 
@@ -101,10 +104,16 @@ def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_befor
                                                                                    asks):
     monkeypatch.setattr(cadence, "PREEMPTION_WAIT_GRACE_S", 0.5)
     asked = []
-    root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: asked.append(1) or False)
+
+    def no_capacity_elsewhere():
+        asked.append(1)
+        return False
+
+    root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, no_capacity_elsewhere)
     moved = _survive_preemption(time.time() + 4.5, 7, checkpointer, {"box": Box()}, env, telemetry, move_on)
     writer.close(timeout_s=10)
-    assert not moved and goodput.read_status(attempts, "a1")["moved_at"] is None
+    status = goodput.read_status(attempts, "a1")
+    assert not moved and status is not None and status["moved_at"] is None
     assert asks[0] <= len(asked) <= asks[1], "asked until 3 s before the deadline, then no more collectives"
     assert [c.step for c in list_committed(checkpoints_root(root))] == [7]
 

@@ -6,6 +6,7 @@ import io
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,7 @@ def test_interruptions_are_classified_with_lost_steps_and_recovery_time(run):
 @pytest.mark.parametrize(("log_every", "at_most"), [(1, 11), (10, 29)])
 def test_a_kill_bounds_its_lost_steps_by_the_records_it_may_not_have_written(run, log_every, at_most):
     status = goodput.read_status(run, "b")
+    assert status is not None
     run.child("b", goodput.STATUS_FILE).write_text(json.dumps({**status, "log_every": log_every}))
     notice, kill = goodput.account(run).events
     assert (notice.lost_steps, notice.lost_steps_at_most) == (0, 0)  # a committed notice wrote every record first
@@ -76,6 +78,7 @@ def test_a_kill_bounds_its_lost_steps_by_the_records_it_may_not_have_written(run
 
 def test_an_error_ending_an_attempt_is_its_own_kind(run):
     status = goodput.read_status(run, "b")
+    assert status is not None
     run.child("b", goodput.STATUS_FILE).write_text(json.dumps({**status, "error": "FloatingPointError: loss is nan"}))
     assert [e.kind for e in goodput.account(run).events] == ["notice", "error"]
 
@@ -145,7 +148,7 @@ def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_pat
     root = resolve(str(tmp_path / "attempts"))
     stream = io.StringIO()  # not a terminal: every line stays in the log
     monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
-    at_70 = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1100.0, "step": 70}
+    at_70: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1100.0, "step": 70}
     notice = {"step": 73, "at": 1090.0, "committed": True}
     for status in (at_70, {**at_70, "notice": notice}, {**at_70, "notice": notice, "moved_at": 1096.0},
                    {**at_70, "step": 75}):
@@ -183,7 +186,12 @@ def test_the_driver_reads_an_ended_attempts_status_once_and_no_file_as_an_attemp
                                       "step": 60})
     reads = []
     read = type(root).read_text_if_exists
-    monkeypatch.setattr(type(root), "read_text_if_exists", lambda self: reads.append(self.url) or read(self))
+
+    def recorded_read(self):
+        reads.append(self.url)
+        return read(self)
+
+    monkeypatch.setattr(type(root), "read_text_if_exists", recorded_read)
     for _ in range(3):
         monitor.poll()
     reads = [url.removeprefix(root.url) for url in reads]

@@ -86,11 +86,13 @@ def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) ->
     from spotray.config import from_dict
     from spotray.loop import WorkerEnv, build_parts
     from spotray.storage import resolve
+    from spotray.tasks.hf import HFTask
     from spotray.tasks.pretrained import load_sharded
 
     cfg = from_dict(config)
     parts = build_parts(cfg, WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
     parts.model.eval()  # GPT-2's dropout is on while training; from_pretrained returns a model in eval mode
+    assert isinstance(parts.task, HFTask) and cfg.model.hf is not None and cfg.model.hf.pretrained is not None
     with torch.no_grad():
         logits = parts.task.logits(parts.model, torch.tensor(inputs))
     read = torch.tensor([load_sharded(parts.model, resolve(cfg.model.hf.pretrained, cfg.storage.options()), "")])

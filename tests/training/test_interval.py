@@ -78,7 +78,8 @@ def _train_with_saves_slower_from(rank: int, world_size: int, config: dict, slow
         checkpointed(self, step, *measured)
         seen.append((step, self.steps))
 
-    Checkpointer.save, CheckpointInterval.checkpointed = slower_save, record
+    Checkpointer.save = slower_save  # type: ignore[method-assign, assignment]  # patched in this rank's process
+    CheckpointInterval.checkpointed = record  # type: ignore[method-assign]  # patched in this rank's process
     train_worker(rank, world_size, config)
     return seen
 
@@ -129,7 +130,8 @@ def _train_recording_preemption_checks(rank: int, world_size: int, config: dict,
         asked.append(at_step)
         checked(self, at_step, step_s)
 
-    _StepRunner.__call__, PreemptionChecks.checked = slow_step, record
+    _StepRunner.__call__ = slow_step  # type: ignore[method-assign]  # patched in this rank's process
+    PreemptionChecks.checked = record  # type: ignore[method-assign]  # patched in this rank's process
     train_worker(rank, world_size, config)
     every_rank = [None] * world_size
     dist.all_gather_object(every_rank, asked)

@@ -43,7 +43,7 @@ def uninterrupted(dataset_url, tmp_path_factory):
 @pytest.mark.e2e
 def test_a_run_resumed_below_an_unreadable_checkpoint_keeps_its_own_and_trains_to_the_end(
         where, workers, keep_last, save_async, uninterrupted, dataset_url, tmp_path, request):
-    storage = ()
+    storage: tuple[str, ...] = ()
     ckpt_path = str(tmp_path / "runs")
     if where == "s3":
         bucket_url, options = request.getfixturevalue("s3_bucket")

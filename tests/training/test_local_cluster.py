@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from typing import cast
 
 import pytest
 
@@ -95,4 +96,5 @@ def test_no_node_gets_a_port_an_earlier_node_of_its_cluster_had(tmp_path, monkey
 
 
 def ports_of(node: Node) -> set[int]:
-    return {int(arg.split("=")[1]) for arg in node.proc.args if "-port=" in arg}
+    args = cast(list[str], node.proc.args)  # LocalCluster starts a node from a list of strings
+    return {int(arg.split("=")[1]) for arg in args if "-port=" in arg}

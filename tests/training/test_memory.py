@@ -34,7 +34,9 @@ def make_task(cfg):
 
 def test_this_ranks_figures_are_positive_and_cuda_ones_absent_on_cpu():
     figures = memory.this_rank(torch.device("cpu"))
-    assert 0 < figures["rss_bytes"] <= figures["peak_rss_bytes"] * 1.01
+    rss, peak_rss = figures["rss_bytes"], figures["peak_rss_bytes"]
+    assert rss is not None and peak_rss is not None
+    assert 0 < rss <= peak_rss * 1.01
     assert figures["cuda_allocated_peak_bytes"] is None and figures["cuda_reserved_peak_bytes"] is None
     assert memory.all_ranks(torch.device("cpu"))["cuda_reserved_peak_bytes"] is None  # without a process group
 
@@ -43,6 +45,7 @@ def test_highest_names_the_rank_with_each_kinds_largest_figure():
     records = [{"rss_bytes": [5, 9], "peak_rss_bytes": [7, 9], "cuda_allocated_peak_bytes": None},
                {"rss_bytes": [11, 3], "peak_rss_bytes": [12, 9], "cuda_allocated_peak_bytes": None}]
     peaks = memory.highest(records)
+    assert peaks is not None
     assert peaks["rss_bytes"] == {"max": 11, "rank": 0} and peaks["peak_rss_bytes"] == {"max": 12, "rank": 0}
     assert peaks["cuda_allocated_peak_bytes"] is None and memory.highest([]) is None
 
@@ -58,6 +61,7 @@ def test_a_rank_out_of_memory_ends_with_one_line_naming_it_and_its_figures(datas
     assert "\n" not in line and line.startswith("rank 0 ran out of memory (host RSS ") and "GiB" in line
     attempts = run_root(cfg).child("attempts")
     [attempt] = ledger.read_attempts(attempts)
-    assert goodput.read_status(attempts, attempt.attempt_id)["error"].startswith("OutOfMemory: rank 0 ran out")
+    status = goodput.read_status(attempts, attempt.attempt_id)
+    assert status is not None and status["error"].startswith("OutOfMemory: rank 0 ran out")
     intervals = ledger.read_intervals(attempts, attempt.attempt_id)
     assert sorted(intervals) == [1, 2] and intervals[2]["memory"]["rss_bytes"][0] > 0  # the steps before it

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from spotray.config import ModelSection
-from spotray.model import GPT, GPTShape
+from spotray.model import GPT, Block, GPTShape
 
 
 def tiny(**kw) -> GPT:
@@ -54,7 +54,9 @@ def test_a_model_built_on_the_meta_device_is_materialised_tied_and_fully_initial
     model.init_weights()
     assert model.wte.weight is model.lm_head.weight
     assert model.ln_f.weight.eq(1).all() and model.ln_f.bias.eq(0).all()
-    assert model.blocks[0].attn.qkv.bias.eq(0).all()
-    assert 0.015 < model.blocks[0].attn.qkv.weight.std().item() < 0.025
+    first = model.blocks[0]
+    assert isinstance(first, Block)
+    assert first.attn.qkv.bias.eq(0).all()
+    assert 0.015 < first.attn.qkv.weight.std().item() < 0.025
     logits = model(torch.zeros(1, 4, dtype=torch.long))
     assert torch.isfinite(logits).all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from spotray.prices import price_book
 from spotray.storage import resolve
 
 # GET /api/v1/nodes/NAME of a Karpenter-launched EKS GPU node (trimmed of annotations and conditions).
-EKS_NODE = {
+EKS_NODE: dict[str, Any] = {
     "kind": "Node", "apiVersion": "v1",
     "metadata": {
         "name": "ip-10-0-113-27.ec2.internal", "uid": "1f0c4c8e-9d1b-4d0b-8a52-3f3a9e8c2b11",
@@ -114,6 +115,7 @@ def api_server(tmp_path, monkeypatch):
 def test_on_kubernetes_the_node_is_read_with_the_pods_service_account(api_server):
     assert nodes.in_kubernetes()
     facts = nodes.kubernetes_node(EKS_NODE["metadata"]["name"])
+    assert facts is not None
     assert facts.instance_type == "g5.12xlarge" and facts.zone == "us-east-1b"
     assert api_server == [(f"/api/v1/nodes/{EKS_NODE['metadata']['name']}", "Bearer pod-token")]
 

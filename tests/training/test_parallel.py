@@ -14,8 +14,10 @@ def _first_weights_after_wrapping(rank: int, world_size: int, sync_init: bool) -
     travel to the caller by a file descriptor of a rank that has exited)."""
     torch.manual_seed(rank)
     model = parallelize(torch.nn.Linear(4, 4), [], "ddp", torch.device("cpu"), bf16=False, sync_init=sync_init)
-    weights = [torch.empty_like(model.module.weight) for _ in range(world_size)]
-    dist.all_gather(weights, model.module.weight.detach())
+    wrapped = model.module  # DDP's
+    assert isinstance(wrapped, torch.nn.Linear)
+    weights = [torch.empty_like(wrapped.weight) for _ in range(world_size)]
+    dist.all_gather(weights, wrapped.weight.detach())
     return [w.tolist() for w in weights]
 
 

@@ -29,7 +29,12 @@ def one(inputs: planner.Inputs, nodes: int, capacity: str) -> planner.Plan:
     return next(p for p in planner.plan(inputs) if p.nodes == nodes and p.capacity == capacity)
 
 
-def estimate(*argv: str) -> str:
+def warm_spare(plan: planner.Plan) -> planner.WarmSpare:
+    assert plan.warm_spare is not None
+    return plan.warm_spare
+
+
+def estimate(*argv: str) -> argparse.Namespace:
     """``spotray estimate ARGV`` as the CLI runs it (the lead wires the same two functions into cli.py)."""
     parser = argparse.ArgumentParser(prog="spotray estimate")
     command.add_arguments(parser)
@@ -44,6 +49,7 @@ def test_the_runs_rate_is_the_per_node_rate_times_the_nodes_so_large_runs_lose_m
     assert [spot[n].interruptions_per_hour for n in (8, 64, 512)] == pytest.approx([0.08, 0.64, 5.12])
     assert spot[8].goodput > spot[64].goodput > spot[512].goodput
     for p in spot.values():  # the expected count is the run's rate over its wall time
+        assert p.wall_s is not None
         assert p.expected_interruptions == pytest.approx(p.interruptions_per_hour * p.wall_s / 3600)
     assert spot[64].step_s == pytest.approx(BASE.step_s * 8 / 64)  # ideal scaling from --step-nodes
 
@@ -59,6 +65,7 @@ def test_the_interval_is_what_every_steps_auto_chooses_at_the_runs_rate():
 
 def test_wall_time_solves_for_the_interruptions_it_holds():
     p = one(BASE, 8, "spot")
+    assert p.wall_s is not None and p.expected_interruptions is not None
     k = p.interval_steps
     loss = k / 2 * 2.0 + 300 + 20  # half an interval of steps + restart + restore (a sync save leaves none unsaved)
     assert p.loss_per_interruption_s == pytest.approx(loss)
@@ -78,15 +85,18 @@ def test_on_demand_has_no_interruptions_and_saves_once_at_the_end_under_auto():
     fixed = one(replace(BASE, every_steps=1000), 8, "on-demand")
     assert fixed.goodput == pytest.approx(productive / (productive + 10 * 5.0 + startup))
     failing = one(replace(BASE, on_demand_interruptions_per_node_hour=0.001), 8, "on-demand")
+    assert failing.expected_interruptions is not None
     assert failing.expected_interruptions > 0 and failing.goodput < p.goodput
 
 
 def test_dollars_are_nodes_times_wall_hours_times_the_price_and_spares_are_billed_on_spot():
     p = one(BASE, 8, "spot")
+    assert p.wall_s is not None and p.usd is not None
     assert p.usd == pytest.approx(8 * p.wall_s / 3600 * 10.0)
     assert p.usd_per_mtok == pytest.approx(p.usd / (10_000 * 1e6 / 1e6))
     spared = one(replace(BASE, warm_spares=2, capacity_wait_s=240), 8, "spot")
     assert spared.restart_s == 60  # restart less the capacity wait
+    assert spared.wall_s is not None
     assert spared.usd == pytest.approx((8 + 2) * spared.wall_s / 3600 * 10.0)
     assert one(replace(BASE, spot_price=None), 8, "spot").usd is None  # unknown, never zero
 
@@ -94,14 +104,15 @@ def test_dollars_are_nodes_times_wall_hours_times_the_price_and_spares_are_bille
 def test_the_warm_spare_verdict_weighs_its_idle_cost_against_the_recovery_it_saves():
     inputs = replace(BASE, capacity_wait_s=240)  # a spare saves 240 s of each restart
     p = one(inputs, 8, "spot")
-    spare = p.warm_spare
+    assert p.wall_s is not None and p.expected_interruptions is not None
+    spare = warm_spare(p)
     assert spare.idle_usd == pytest.approx(p.wall_s / 3600 * 10.0)
     assert spare.saves_usd == pytest.approx(8 * 240 / 3600 * 10.0 * p.expected_interruptions)
     assert spare.pays is False  # 8 nodes at 0.08 interruptions an hour: the spare idles for nothing
-    assert one(replace(inputs, nodes=(512,)), 512, "spot").warm_spare.pays is True  # 512 nodes: it pays
+    assert warm_spare(one(replace(inputs, nodes=(512,)), 512, "spot")).pays is True  # 512 nodes: it pays
     # An on-demand spare for a spot pool: the verdict flips with the spare's price
-    assert one(replace(inputs, nodes=(64,), warm_spare_price=2.0), 64, "spot").warm_spare.pays is True
-    assert one(replace(inputs, nodes=(64,), warm_spare_price=40.0), 64, "spot").warm_spare.pays is False
+    assert warm_spare(one(replace(inputs, nodes=(64,), warm_spare_price=2.0), 64, "spot")).pays is True
+    assert warm_spare(one(replace(inputs, nodes=(64,), warm_spare_price=40.0), 64, "spot")).pays is False
     assert one(inputs, 8, "on-demand").warm_spare is None  # nothing to recover from
     assert one(BASE, 8, "spot").warm_spare is None  # no warm-spare restart time to compare with
 

@@ -6,6 +6,7 @@ import io
 import json
 import random
 import re
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,14 @@ from spotray.errors import DataError, StorageError
 from spotray.storage import Location, resolve
 
 EOT = 256
+
+
+class PrepareFields(TypedDict, total=False):
+    """The ``PrepareSettings`` fields these tests pass to ``prepare`` as keywords."""
+
+    chunk_mb: float
+    shard_tokens: int
+    val_fraction: float
 
 
 def documents(n: int = 60, seed: int = 0) -> list[str]:
@@ -93,7 +102,8 @@ class CountingExecutor(InlineExecutor):
     """Runs in process; counts the jobs it ran and can stop (as a kill would) after ``stop_after`` of them."""
 
     def __init__(self, stop_after: int | None = None):
-        self.ran, self.stop_after = [], stop_after
+        self.ran: list[int] = []
+        self.stop_after = stop_after
 
     def run(self, fn, jobs, shared, on_done, on_progress):
         for job in jobs:
@@ -200,7 +210,7 @@ def test_same_bytes_whatever_the_parallelism_on_ray(tmp_path, s3_bucket, ray_clu
 def test_a_killed_prepare_redoes_only_the_missing_chunks_and_adopts_no_partial_shard(tmp_path):
     docs = documents(300)
     write_jsonl(tmp_path / "in.jsonl", docs + docs[:30])
-    settings = {"chunk_mb": 2e-3, "shard_tokens": 256}
+    settings: PrepareFields = {"chunk_mb": 2e-3, "shard_tokens": 256}
     prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "reference"), **settings)
     out = tmp_path / "out"
 
@@ -352,7 +362,7 @@ def test_a_killed_prepare_with_a_val_split_redoes_only_the_missing_chunks_and_wr
         tmp_path, monkeypatch):
     docs = documents(300)
     write_jsonl(tmp_path / "in.jsonl", docs + docs[:30])
-    settings = {"chunk_mb": 2e-3, "shard_tokens": 256, "val_fraction": 0.2}
+    settings: PrepareFields = {"chunk_mb": 2e-3, "shard_tokens": 256, "val_fraction": 0.2}
     prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "reference"), **settings)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):

@@ -368,7 +368,8 @@ def test_karpenter_estimates_from_a_real_prometheus(tmp_path):
                                      f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
             try:
                 url = f"http://127.0.0.1:{port}"
-                deadline, estimates = time.time() + 60, {}
+                deadline = time.time() + 60
+                estimates: dict[tuple[str, str, str | None], float] = {}
                 while estimates != KARPENTER and time.time() < deadline and proc.poll() is None:
                     time.sleep(0.3)
                     estimates = prices.karpenter_estimates(url, timeout_s=2)

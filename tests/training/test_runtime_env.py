@@ -99,6 +99,7 @@ def test_a_worker_runs_in_the_unpacked_package_fetched_once_per_node_and_content
     endpoint = [f"storage.endpoint_url={storage_root.options.endpoint_url}"] if storage_root.is_s3 else []
     cfg = shipped(load(None, ["data.path=/d", f"runtime.working_dir={tmp_path / 'project'}", *endpoint]),
                   storage_root)
+    assert cfg.runtime.working_dir is not None
     assert cfg.runtime.working_dir.startswith(("s3://", "file://")) and cfg.runtime.working_dir.endswith(".zip")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -35,6 +35,7 @@ def test_any_sequence_of_world_sizes_consumes_each_epoch_exactly_once(worlds):
                 consumed.extend(sampler.next_batch(r, world))
         state = ranks[0].state_dict()
     steps = len(worlds) * 5
+    assert state is not None
     assert state["consumed"] == steps * batch
     for start in range(0, len(consumed), n):
         epoch = consumed[start : start + n]

@@ -11,6 +11,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,12 @@ def commit_worker(rank: int, world_size: int, raw: dict, dirs: list[str], slow_r
         from spotray import files_checkpoint
 
         put = files_checkpoint._put
-        files_checkpoint._put = lambda source, target: (time.sleep(1.0), put(source, target))[1]
+
+        def slow_put(source, target):
+            time.sleep(1.0)
+            return put(source, target)
+
+        files_checkpoint._put = slow_put
     current = open_session(rank, world_size, raw)
     current.restore(str(Path(dirs[rank]).parent / "restored"))
     write_files(Path(dirs[rank]), rank, 10)
@@ -59,12 +65,12 @@ def commit_worker(rank: int, world_size: int, raw: dict, dirs: list[str], slow_r
     return {"uploaded_at": time.time()}
 
 
-def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> list[int]:
+def restore_worker(rank: int, world_size: int, raw: dict, shared_dir: str) -> list[tuple[int | None, int, list[str]]]:
     """Both ranks restore into the same directory (one node): one of them downloads."""
     current = open_session(rank, world_size, raw)
     step = current.restore(shared_dir)
     files = sorted(os.listdir(shared_dir))
-    gathered = [None] * world_size
+    gathered: list[Any] = [None] * world_size
     torch.distributed.all_gather_object(gathered, (step, current.files.bytes_read, files))
     return gathered
 
@@ -102,7 +108,7 @@ def prefetching_restore_worker(rank: int, world_size: int, raw: dict, shared_dir
     """One node: the first rank to lock the node's local dir prefetches the newest checkpoint; both then restore."""
     messages: list[str] = []
     handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: messages.append(record.getMessage())
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]  # a stub emit
     logger = logging.getLogger("spotray.files_checkpoint")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -173,10 +179,13 @@ def test_a_prefetch_of_another_checkpoint_is_not_taken_and_leaves_nothing(tmp_pa
     root = checkpoints_root(resolve(str(runs)).child("s"))
     (good,) = list_committed(root)
     prefetch = FilesPrefetch.on_this_disk(root, tmp_path / "local")
+    assert prefetch is not None
     assert FilesPrefetch.on_this_disk(root, tmp_path / "local") is None, "one per disk"
     older = dataclasses.replace(good, location=root.child("step_000000005"))
     assert prefetch.take(older) is None
-    fetched, read = prefetch.take(good)
+    taken = prefetch.take(good)
+    assert taken is not None
+    fetched, read = taken
     assert read == good.nbytes and sorted(p.name for p in fetched.iterdir()) == [
         ".spotray-restored", "model.safetensors", "rng_state_0.pth", "rng_state_1.pth"]
     prefetch.discard()
@@ -216,9 +225,15 @@ def test_spotrays_loop_and_a_scripts_session_keep_the_same_cadence(tmp_path, mon
     from tests.training.configs import make_config
 
     asked = []
-    save_due, notice = Cadence.save_due, Cadence.notice
-    monkeypatch.setattr(Cadence, "save_due", lambda self, *a: asked.append("save_due") or save_due(self, *a))
-    monkeypatch.setattr(Cadence, "notice", lambda self, *a: asked.append("notice") or notice(self, *a))
+
+    def recorded(name, method):
+        def call(self, *args):
+            asked.append(name)
+            return method(self, *args)
+        return call
+
+    monkeypatch.setattr(Cadence, "save_due", recorded("save_due", Cadence.save_due))
+    monkeypatch.setattr(Cadence, "notice", recorded("notice", Cadence.notice))
     train(make_config(dataset_url, str(tmp_path / "loop"), "loop", "train.max_steps=2", "scaling.num_workers=1",
                       "train.global_batch_size=2"), WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
     from_loop = len(asked)

@@ -31,7 +31,7 @@ GiB = 1 << 30
 EVALS = {"a": {25: 4.0, 50: 3.5}, "b": {60: 3.3, 70: 3.4, 80: 2.0}, "c": {80: 3.2, 90: 3.25}}
 LINEAGE_EVALS = {25: 4.0, 50: 3.5, 60: 3.3, 70: 3.4, 80: 3.2, 90: 3.25}
 # attempt -> step -> (rss, peak rss) per rank, CPU workers (no CUDA). c's last interval is the one reported.
-INTERVALS = {"b": {80: ([9 * GiB, 9 * GiB], [9 * GiB, 9 * GiB])},
+INTERVALS: dict[str, dict[int, tuple[list[float], list[float]]]] = {"b": {80: ([9 * GiB, 9 * GiB], [9 * GiB, 9 * GiB])},
              "c": {80: ([2 * GiB, GiB], [2 * GiB, 2 * GiB]), 90: ([1.2 * GiB, 1.3 * GiB], [1.6 * GiB, 1.5 * GiB])}}
 
 
@@ -122,6 +122,7 @@ def test_the_silence_allowed_to_a_live_run_grows_with_its_step_time(tmp_path, ca
     assert status_json(run.url, capsys=capsys)["state"] == "stopped"  # c trained its 20 steps in 75 s
     attempts = ledger.attempts_root(run)
     c = goodput.read_status(attempts, "c")
+    assert c is not None
     attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps({**c, "first_step_at": c["last_seen"] - 1800}))
     assert status_json(run.url, capsys=capsys)["state"] == "live"  # 90 s a step: 600 s is less than a log interval
 
@@ -130,14 +131,17 @@ def test_an_earlier_attempts_final_metrics_do_not_finish_a_run_trained_further(r
     attempts = ledger.attempts_root(run)
     ledger.write_final(attempts, "b", {"final_step": 80})
     goodput_status = goodput.read_status(attempts, "c")
+    assert goodput_status is not None
     attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps({**goodput_status, "last_seen": 0.0}))
     assert status_json(run.url, capsys=capsys)["state"] == "stopped"
 
 
 def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     attempts = ledger.attempts_root(run)
+    goodput_status = goodput.read_status(attempts, "c")
+    assert goodput_status is not None
     attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps(
-        {**goodput.read_status(attempts, "c"), "error": "FloatingPointError: loss is nan at step 90"}))
+        {**goodput_status, "error": "FloatingPointError: loss is nan at step 90"}))
     kib = [f"{c['bytes'] / 1024:.1f} KiB" for c in status_json(run.url, capsys=capsys)["checkpoints"]]
     assert main(["status", run.url]) == 0
     text = capsys.readouterr().out

@@ -137,4 +137,4 @@ def certificate_chain(folder) -> tuple[str, str, str]:
     paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
     paths[2].write_bytes(server_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                   serialization.NoEncryption()))
-    return tuple(str(p) for p in paths)
+    return str(paths[0]), str(paths[1]), str(paths[2])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from spotray.console import line_kind
 from spotray.summary import format_summary, format_table, plot_losses
 
@@ -56,7 +58,7 @@ def plotted(monkeypatch, summary: dict, path) -> dict:
     """plot_losses' figure as saved: each line's label and points, and the legend's labels."""
     from matplotlib.figure import Figure
 
-    seen = {}
+    seen: dict[str, Any] = {}
     savefig = Figure.savefig
 
     def capture(fig, *args, **kwargs):

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from spotray import launch
-from spotray.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE, known_peak_tflops, lost_peer, peak_flops
+from spotray.telemetry import (
+    GAUGES,
+    MEMORY_GAUGE,
+    TIME_GAUGE,
+    known_peak_tflops,
+    lost_peer,
+    model_flops_utilization,
+    peak_flops,
+)
 from tests.training.configs import make_config
 
 
@@ -24,6 +32,13 @@ def test_a_collective_broken_by_a_vanished_peer_is_not_an_application_error():
 def test_peak_flops_is_configured_or_unknown_on_cpu():
     assert peak_flops(989.0, torch.device("cpu")) == 989e12
     assert peak_flops(None, torch.device("cpu")) is None
+
+
+def test_mfu_is_unknown_when_the_task_counts_no_flops_or_the_device_has_no_peak():
+    assert model_flops_utilization(1e5, 6e8, 1e15) == pytest.approx(0.06)
+    assert model_flops_utilization(1e5, None, 1e15) is None
+    assert model_flops_utilization(1e5, 6e8, None) is None
+    assert model_flops_utilization(None, 6e8, 1e15) is None
 
 
 @pytest.mark.parametrize(("device_name", "tflops"), [

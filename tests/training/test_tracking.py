@@ -60,6 +60,7 @@ class Run:
     def __init__(self, cfg: config.TrainConfig, mlflow_url: str):
         self.cfg, self.mlflow_url, self.root = cfg, mlflow_url, run_root(cfg)
         self.attempts = ledger.attempts_root(self.root)
+        assert cfg.tracking.tensorboard is not None
         self.tensorboard_dir = Path(cfg.tracking.tensorboard.dir) / cfg.run.name
         self.wandb_dir = Path(self.root.path) / "wandb"
 
@@ -67,9 +68,12 @@ class Run:
         return Follower(self.cfg, self.root, stream=console or io.StringIO(), poll_s=NEVER, **bounds)
 
     def run_id(self, tracker: str) -> str:
-        return tracking_state.load(self.root).cursors[tracker].run_id
+        run_id = tracking_state.load(self.root).cursors[tracker].run_id
+        assert run_id is not None
+        return run_id
 
     def mlflow_run(self):
+        assert self.cfg.tracking.mlflow is not None
         (run,) = [r for r in mlflow_runs(self.mlflow_url, self.cfg.tracking.mlflow.experiment)
                   if r.data.tags["spotray.run"] == self.root.url]
         return run

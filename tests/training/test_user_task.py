@@ -1,5 +1,5 @@
-"""A user's own model through the task seam (``model.task``): the README's example run as written, through Ray; exact
-resume of that example on a process group; and how a broken task is stopped."""
+"""A user's own model through the task seam (``model.task``): docs/own-model.md's example run as written, through
+Ray; exact resume of that example on a process group; and how a broken task is stopped."""
 
 from __future__ import annotations
 
@@ -54,13 +54,17 @@ def test_the_readme_example_trains_the_user_task_through_ray(tmp_path, ray_addre
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", commands], cwd=tmp_path,
                           env=cli_env(RAY_ADDRESS=ray_address), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((tmp_path / re.search(r"--summary-json (\S+)", commands).group(1)).read_text())
-    max_steps = int(re.search(r"train\.max_steps=(\d+)", commands).group(1))
+    summary_json = re.search(r"--summary-json (\S+)", commands)
+    steps = re.search(r"train\.max_steps=(\d+)", commands)
+    assert summary_json and steps
+    summary = json.loads((tmp_path / summary_json.group(1)).read_text())
+    max_steps = int(steps.group(1))
     assert summary["final_step"] == max_steps
     losses = [summary["losses"][str(step)] for step in range(1, max_steps + 1)]
     assert mean(losses[-5:]) < mean(losses[:5]) - 0.2, losses
     run_root = resolve(summary["checkpoints"][0].rsplit("/checkpoints/", 1)[0])
-    assert read_model_record(run_root)[0]["task"] == EXAMPLE  # the example trained, not the built-in GPT
+    record, _ = read_model_record(run_root)
+    assert record is not None and record["task"] == EXAMPLE  # the example trained, not the built-in GPT
 
 
 def example_config(data: str, ckpt: Path, name: str, *overrides: str) -> config.TrainConfig:

@@ -70,12 +70,12 @@ def expected_series(root: Location) -> dict[str, dict[int, float]]:
         for name, value in named.items():
             if value is not None:
                 wanted.setdefault(name, {})[step] = value
-    for step, record in ledger.lineage_intervals(root).items():
-        wanted.setdefault("train/tokens_per_s", {})[step] = record["tokens_per_s"]
-        for rank, value in enumerate(record["memory"]["rss_bytes"]):
+    for step, interval in ledger.lineage_intervals(root).items():
+        wanted.setdefault("train/tokens_per_s", {})[step] = interval["tokens_per_s"]
+        for rank, value in enumerate(interval["memory"]["rss_bytes"]):
             wanted.setdefault(f"memory/rank{rank}/rss_bytes", {})[step] = value
-    for step, record in ledger.lineage_evals(root).items():
-        wanted.setdefault("val/loss", {})[step] = record["metrics"]["val_loss"]
-        wanted.setdefault("val/perplexity", {})[step] = record["metrics"]["val_perplexity"]
-        wanted.setdefault("val/accuracy", {})[step] = record["metrics"]["accuracy"]
+    for step, evaluation in ledger.lineage_evals(root).items():
+        wanted.setdefault("val/loss", {})[step] = evaluation["metrics"]["val_loss"]
+        wanted.setdefault("val/perplexity", {})[step] = evaluation["metrics"]["val_perplexity"]
+        wanted.setdefault("val/accuracy", {})[step] = evaluation["metrics"]["accuracy"]
     return wanted

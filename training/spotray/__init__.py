@@ -1,14 +1,28 @@
 """spotray: train on GPU spot capacity with Ray, and lose no work to a preemption.
 
-What a user imports is here, and stays: ``LanguageModelTask`` (subclass it for your own model, README "Your own
-model"), the ``Task`` protocol and ``ExportSpec`` it implements, ``TrainConfig`` (what the task's factory is given)
-and ``linear_weights``; for your own training script (README, "Your existing script") ``restore``, ``should_save``,
-``commit``, ``report``, ``should_stop`` and ``spotray.hf`` (a Trainer's callback). Everything else may move.
-This folder (training/spotray/) installs as ``spotray``; the provisioning side as ``infra``, ``cluster``
-and ``monitoring``.
+What a user imports is here, and stays: ``LanguageModelTask`` (subclass it for your own model, docs/own-model.md),
+the ``Task`` protocol and ``ExportSpec`` it implements, ``TrainConfig`` (what the task's factory is given) and
+``linear_weights``; for your own training script (docs/scripts.md) ``restore``, ``should_save``, ``commit``,
+``report``, ``should_stop`` and ``spotray.hf`` (a Trainer's callback). Everything else may move. This folder
+(training/spotray/) installs as ``spotray``; the Pulumi program's packages (``infra``, ``cluster``, ``monitoring``) are
+imported from the repository root and not installed.
 """
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the checker and editors see; at run time __getattr__ below imports each on first use
+    from spotray import hf as hf
+    from spotray.config import TrainConfig as TrainConfig
+    from spotray.session import commit as commit
+    from spotray.session import report as report
+    from spotray.session import restore as restore
+    from spotray.session import should_save as should_save
+    from spotray.session import should_stop as should_stop
+    from spotray.tasks import ExportSpec as ExportSpec
+    from spotray.tasks import Task as Task
+    from spotray.tasks.base import LanguageModelTask as LanguageModelTask
+    from spotray.tasks.base import linear_weights as linear_weights
 
 _PUBLIC = {"LanguageModelTask": "spotray.tasks.base", "linear_weights": "spotray.tasks.base",
            "Task": "spotray.tasks", "ExportSpec": "spotray.tasks", "TrainConfig": "spotray.config",

@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.storage import WriteResult
 
 from spotray.compat import renamed
@@ -186,12 +187,14 @@ class _ChecksummedInfo(_StorageInfo):
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 class _CommittingWriter(_FileSystemWriter):
     """One file per rank holding raw tensor bytes back to back: no per-tensor ``torch.save`` archive, since
     shapes and dtypes are in DCP's ``.metadata`` and each item's CRC32 rides along in its storage info."""
+
+    fs: _DcpFileSystem  # type: ignore[assignment]  # torch infers FileSystem; DCP takes any FileSystemBase
 
     def __init__(self, location: Location, marker: dict, on_commit, refused: str | None = None):
         """``refused``: why this save must not write (rank 0's reason; DCP fails the save on every rank)."""
@@ -238,6 +241,8 @@ class _CommittingWriter(_FileSystemWriter):
 
 class _RawReader(FileSystemReader):
     """Reads what ``_CommittingWriter`` wrote: verified whole files, tensors rebuilt from raw bytes."""
+
+    fs: _DcpFileSystem  # type: ignore[assignment]  # torch infers FileSystem; DCP takes any FileSystemBase
 
     def __init__(self, location: Location, expected: dict, prefetched: dict[str, memoryview] | None = None,
                  ranged: bool = False):
@@ -382,9 +387,9 @@ class Checkpointer:
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self._group,
-                                        async_stager=self._stager)
-                future = getattr(future, "upload_completion", future)
+                response = dcp.async_save(state, storage_writer=writer, process_group=self._group,
+                                          async_stager=self._stager)
+                future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
                 future.add_done_callback(lambda _: self._record_duration(started))
                 self._pending = (step, future)
                 return previous

@@ -195,10 +195,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-worker-logs", action="store_true",
                    help="do not collect the workers' output, not even in the log file")
     p.add_argument("--script", metavar="FILE",
-                   help="run your own training script on every worker instead of spotray's loop (README, 'Your "
-                        "existing script'); its folder is shipped unless runtime.working_dir is set")
+                   help="run your own training script on every worker instead of spotray's loop (docs/scripts.md); "
+                        "its folder is shipped unless runtime.working_dir is set")
     p.add_argument("--debug", action="store_true",
-                   help="with --script: a worker whose script raises waits for Ray's debugger (README)")
+                   help="with --script: a worker whose script raises waits for Ray's debugger (docs/scripts.md)")
     p.add_argument("script_args", nargs="*", metavar="-- ARG", help="the script's arguments, after --")
     p.set_defaults(func=_cmd_train)
 

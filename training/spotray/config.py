@@ -78,7 +78,7 @@ class ModelSection:
     n_head: int | None = None
     n_embd: int | None = None
     dropout: float = 0.0
-    task: str | None = None  # "package.module:factory", a user's task (see README "Your own model")
+    task: str | None = None  # "package.module:factory", a user's task (see docs/own-model.md)
     hf: HFSection | None = None
 
     def __post_init__(self):
@@ -399,7 +399,7 @@ class RuntimeSection:
 
     def __post_init__(self):
         _require(self.max_package_mb > 0, "runtime.max_package_mb", f"must be positive, got {self.max_package_mb}")
-        if self.working_dir_is_uri:
+        if self.working_dir is not None and self.working_dir_is_uri:
             _require(self.working_dir.split("?", 1)[0].endswith(".zip"), "runtime.working_dir",
                      f"{self.working_dir} is a URI but not of a .zip", "give a local directory, or the URI of a zip "
                      "of it (s3://bucket/code.zip)")
@@ -407,7 +407,7 @@ class RuntimeSection:
     @property
     def working_dir_is_uri(self) -> bool:
         """A package the workers fetch (``s3://bucket/code.zip``), not a local directory."""
-        return bool(self.working_dir) and "://" in self.working_dir
+        return self.working_dir is not None and "://" in self.working_dir
 
 
 @dataclass(frozen=True)
@@ -491,7 +491,7 @@ def _reverse_alias(name: str) -> str:
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value if value is not None else {}, f"{key}.")
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return _coerce_union(typing.get_args(hint), value, key)

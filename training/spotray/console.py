@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from spotray.storage import Location
 
@@ -50,7 +51,7 @@ class RunConsole:
     def __init__(self, log: Location, verbose: bool = False):
         self.log, self.verbose = log, verbose
         self.local_path = self._local_path()
-        self.stream = None
+        self.stream: TextIO | None = None  # the terminal, from __enter__ on
         self._seen: set[str] = set()
         self._partial = b""
         self._uploaded_size = 0
@@ -64,9 +65,14 @@ class RunConsole:
             return self.local_path
         return f"{self.log.url} (uploaded every {UPLOAD_EVERY_S:.0f} s; meanwhile {self.local_path})"
 
+    @property
+    def _terminal(self) -> TextIO:
+        assert self.stream is not None, "the console writes to the terminal inside its with block only"
+        return self.stream
+
     def say(self, line: str) -> None:
-        self.stream.write(f"spotray: {line}\n")
-        self.stream.flush()
+        self._terminal.write(f"spotray: {line}\n")
+        self._terminal.flush()
 
     def __enter__(self) -> RunConsole:
         self._file = open(self.local_path, "ab", buffering=0)  # noqa: SIM115 - closed in __exit__
@@ -101,7 +107,7 @@ class RunConsole:
         self._file.close()
         if self.log.is_s3:
             self._upload()
-        self.stream.close()
+        self._terminal.close()
 
     def _local_path(self) -> str:
         if not self.log.is_s3:
@@ -133,8 +139,8 @@ class RunConsole:
         """The log file gets whole lines without colour codes; the terminal, in verbose mode, gets them as they
         come."""
         if self.verbose:
-            self.stream.write(chunk.decode(errors="replace"))
-            self.stream.flush()
+            self._terminal.write(chunk.decode(errors="replace"))
+            self._terminal.flush()
         *lines, self._partial = (self._partial + chunk).split(b"\n")
         if len(self._partial) > _LONGEST_LINE:  # a progress bar redrawn with carriage returns, never ending a line
             lines.append(self._partial)

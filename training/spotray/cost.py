@@ -1,6 +1,6 @@
 """What a run cost, from its ledger: node time at each node's price, per trained token, against on-demand.
 
-Billing rules (the README's "What it costs" lists them):
+Billing rules (docs/cost.md lists them):
 - Node time, not worker time: a node is billed from the start of the first attempt whose workers ran on it (or from
   its creation, where it was created for the run after the previous attempt ended) to the last record of the last
   consecutive attempt that used it. A node that holds workers in two attempts in a row is billed through the
@@ -22,6 +22,7 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from typing import TypeVar
 
 from spotray import goodput, ledger, nodes
 from spotray.errors import StorageError
@@ -34,6 +35,8 @@ FREE_FIRST_HOUR_S = 3600.0
 UNRECORDED_REFRESH_S = 2.0  # the driver looks new nodes up every 2 s (``progress.ProgressMonitor``)
 # When ``spotray status`` trusts the interruption rate a run has seen over the pool's (``planner`` may use it).
 TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS = 5, 20.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -114,9 +117,10 @@ def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, fact
     unpriced = sorted(b.name for b in bills if b.usd is None)
     wall_s = max((r.last_seen for r in records), default=account.started_at) - account.started_at
     spares = _spares_usd(records, facts, settings.get("warm_spares", 0), wall_s)
-    usd = None if unpriced or spares is None else sum(b.usd for b in bills) + spares
-    tokens = [r.tokens for r in account.kept.values()]
-    return RunCost(usd, _head_and_core_usd(settings, wall_s), sum(tokens) if tokens and None not in tokens else None,
+    usds = _all_known([b.usd for b in bills])
+    usd = None if usds is None or spares is None else sum(usds) + spares
+    tokens = _all_known([r.tokens for r in account.kept.values()])
+    return RunCost(usd, _head_and_core_usd(settings, wall_s), sum(tokens) if tokens else None,
                    _on_demand_usd(records, account, facts), sum(b.seconds for b in bills) / 3600,
                    sum(e.kind in ("notice", "kill") for e in account.events), bool(settings.get("example_prices")),
                    unpriced, bills)
@@ -124,8 +128,8 @@ def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, fact
 
 def _head_and_core_usd(settings: dict, wall_s: float) -> float | None:
     """The head and ``core_nodes`` core nodes for the run's wall time; None where none is set or one is unpriced."""
-    parts = [(settings.get("head"), 1), (settings.get("core"), settings.get("core_nodes", 0))]
-    parts = [(node, count) for node, count in parts if node and count]
+    settings_parts = [(settings.get("head"), 1), (settings.get("core"), settings.get("core_nodes", 0))]
+    parts = [(node, count) for node, count in settings_parts if node and count]
     if not parts or any(node.get("usd_per_hour") is None for node, _ in parts):
         return None
     return sum(node["usd_per_hour"] * count for node, count in parts) * wall_s / 3600
@@ -192,8 +196,8 @@ def _on_demand_usd(records: list[goodput.AttemptRecord], account: goodput.Accoun
     if not records or not records[-1].info.nodes:
         return None
     final = records[-1].info
-    prices = [facts.get(n, NodeFacts(n)).on_demand_usd_per_hour for n in dict.fromkeys(final.nodes)]
-    if None in prices:
+    prices = _all_known([facts.get(n, NodeFacts(n)).on_demand_usd_per_hour for n in dict.fromkeys(final.nodes)])
+    if prices is None:
         return None
     shares = [_gpu_share(final, n, facts.get(n, NodeFacts(n)).gpus) for n in dict.fromkeys(final.nodes)]
     trained = sum(len(r.steps) for r in records)
@@ -202,6 +206,12 @@ def _on_demand_usd(records: list[goodput.AttemptRecord], account: goodput.Accoun
     seconds = (account.seconds["productive"] + first_start
                + kept_fraction * (account.seconds["checkpoint_save"] + account.seconds["eval"]))
     return seconds / 3600 * sum(p * s for p, s in zip(prices, shares, strict=True))
+
+
+def _all_known(values: list[T | None]) -> list[T] | None:
+    """``values``, or None where one of them is unknown."""
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
 
 
 def gauge_figures(bill: RunCost | None) -> dict[str, float | None]:

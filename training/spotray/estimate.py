@@ -151,9 +151,10 @@ def _observed_rate(measured: Measured) -> float:
     from spotray.cost import TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS
 
     bill = measured.bill
-    if bill.rate_trusted:
-        return bill.interruptions_per_node_hour
+    assert bill is not None  # inputs_from_run's
     rate = bill.interruptions_per_node_hour
+    if bill.rate_trusted and rate is not None:  # trusted: some node-hours
+        return rate
     seen = f" ({rate:.3g} per node-hour)" if rate is not None else ""
     raise SpotrayError(f"--interruptions-per-node-hour: is required to plan other sizes than the run's "
                        f"{measured.values['nodes'][0]} nodes; the run saw {bill.interruptions} interruptions in "
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> None:
     if getattr(args, "json", False):
         report = {"inputs": _inputs_dict(inputs), "plans": [p.to_dict() for p in plans]}
         if measured:
+            assert measured.bill is not None  # inputs_from_run's
             report["measured"] = {"url": measured.url, "goodput": round(measured.goodput, 4),
                                   "wall_s": round(measured.wall_s, 1), "node_hours": round(measured.bill.node_hours, 3)}
         print(json.dumps(report, indent=1, sort_keys=True))

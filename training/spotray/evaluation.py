@@ -61,8 +61,11 @@ def check_samples(cfg: TrainConfig, val: Samples) -> None:
 
 def default_metrics(task: Task) -> Callable[[torch.nn.Module, object], Metrics]:
     """The task's ``evaluate``, or else its training loss as ``val_loss``."""
-    evaluate = getattr(task, "evaluate", None)
-    return evaluate or (lambda model, batch: {"val_loss": task.loss(model, batch)})
+
+    def val_loss(model: torch.nn.Module, batch: object) -> Metrics:
+        return {"val_loss": task.loss(model, batch)}
+
+    return getattr(task, "evaluate", None) or val_loss
 
 
 class Evaluator:
@@ -122,9 +125,14 @@ def _reshard(model: torch.nn.Module) -> None:
 
 def preflight(cfg: TrainConfig, task: Task) -> None:
     """Before any worker starts: the validation set opens, fits the training data and holds ``eval.samples``."""
-    opener = getattr(task, "open_val_dataset", None)
+    check_samples(cfg, open_val_dataset(task))
+
+
+def open_val_dataset(task: Task) -> Samples:
+    """The task's held-out samples: ``open_val_dataset``, which ``Task`` leaves out and evaluation needs."""
+    opener: Callable[[], Samples] | None = getattr(task, "open_val_dataset", None)
     if opener is None:
         raise ConfigError("eval", f"is on, but the task {type(task).__name__} has no open_val_dataset",
-                          "implement open_val_dataset() in the task (README, 'Your own model'), or turn "
+                          "implement open_val_dataset() in the task (docs/own-model.md), or turn "
                           "eval.every_steps and checkpoint.keep_best off")
-    check_samples(cfg, opener())
+    return opener()

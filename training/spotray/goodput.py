@@ -22,7 +22,7 @@ CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "eval", "wa
 class AttemptClock:
     """Rank 0's account of one attempt: seconds by category, live progress and how the attempt ended."""
 
-    def __init__(self, root: Location, attempt_id: str, entered_at: float, max_steps: int,
+    def __init__(self, root: Location, attempt_id: str, entered_at: float, max_steps: int | None,
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.location, self.writer = ledger.attempt_file(root, attempt_id, STATUS_FILE), writer
         self.status: dict = {

@@ -10,6 +10,8 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
 
 RAY_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 RAY_RECONNECT_DEFAULT_S = 60.0
@@ -35,7 +37,7 @@ class HeadWatch:
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-head-watch")
-        self._previous_handler = None
+        self._previous_handler: Callable[[int, FrameType | None], object] | int | None = None
 
     def __enter__(self) -> HeadWatch:
         if self.address and threading.current_thread() is threading.main_thread():  # only it can be interrupted

@@ -1,4 +1,4 @@
-"""A Hugging Face ``Trainer`` script on spot with two added lines (README, "Your existing script")::
+"""A Hugging Face ``Trainer`` script on spot with two added lines (docs/scripts.md)::
 
     trainer = Trainer(..., callbacks=[spotray.hf.SpotrayCallback()])
     trainer.train(resume_from_checkpoint=spotray.hf.resume_checkpoint())

@@ -16,8 +16,11 @@ from typing import TextIO
 
 import ray
 import ray.train
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch import TorchConfig
+
+# What ray.train and ray.train.torch serve under Train V2, named where the checker can see them.
+from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from spotray import cost, evaluation, goodput, ledger, memory, script
 from spotray.capacity import group_fits, resources_text, worker_group_placement
@@ -254,17 +257,20 @@ def ray_train_polls(environ: MutableMapping[str, str]) -> Iterator[None]:
 
 def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """Local relative paths made absolute here: Ray's workers run in another directory."""
-    def absolute(url: str | None) -> str | None:
+    def absolute(url: str) -> str:
         return os.path.abspath(url) if url and "://" not in url else url
 
+    def absolute_or_none(url: str | None) -> str | None:
+        return None if url is None else absolute(url)
+
     hf = cfg.model.hf and dataclasses.replace(
-        cfg.model.hf, config=cfg.model.hf.config if isinstance(cfg.model.hf.config, dict) else absolute(
-            cfg.model.hf.config), pretrained=absolute(cfg.model.hf.pretrained))
+        cfg.model.hf, config=cfg.model.hf.config if isinstance(cfg.model.hf.config, dict) else absolute_or_none(
+            cfg.model.hf.config), pretrained=absolute_or_none(cfg.model.hf.pretrained))
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path)),
         model=dataclasses.replace(cfg.model, hf=hf),
         checkpoint=dataclasses.replace(cfg.checkpoint, path=absolute(cfg.checkpoint.path)),
-        audit_dir=absolute(cfg.audit_dir))
+        audit_dir=absolute_or_none(cfg.audit_dir))
 
 
 def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:

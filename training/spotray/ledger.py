@@ -197,7 +197,7 @@ class LossLog:
 
     def __init__(self, root: Location, attempt_id: str, writer: RecordWriter):
         self.location, self.writer = attempt_file(root, attempt_id, _LOSSES_FILE), writer
-        self.losses: dict[int, float] = {}
+        self.losses: dict[int, float | None] = {}  # None: a script reported the step without a loss
         self.lines: dict[int, str] = {}
 
     def record(self, step: int, loss: float | None, seconds: float, lr: float | None = None,

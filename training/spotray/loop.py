@@ -7,8 +7,9 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ from spotray.checkpoint import (
 )
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
-from spotray.evaluation import Evaluator
+from spotray.evaluation import Evaluator, open_val_dataset
 from spotray.interval import nominal_every_steps
 from spotray.nodes import this_node
 from spotray.optim import allocate_state, build_optimizer, build_scheduler
@@ -107,7 +108,7 @@ class _Prefetcher:
     def __init__(self, dataset: Samples):
         self.dataset = dataset
         self.pool = ThreadPoolExecutor(max_workers=1)
-        self.pending = None
+        self.pending: tuple[list[int], Future[torch.Tensor | dict[str, torch.Tensor]]] | None = None
 
     def get(self, ids: list[int], next_ids: list[int] | None):
         batch = self.pending[1].result() if self.pending and self.pending[0] == ids else self.dataset.batch(ids)
@@ -123,7 +124,8 @@ def param_sha256(model: torch.nn.Module) -> str | None:
     digest = hashlib.sha256()
     for key in sorted(full):
         digest.update(key.encode())
-        digest.update(full[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        tensor = cast(torch.Tensor, full[key])  # a full state dict's values are tensors
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -220,7 +222,8 @@ def _materialized_model(cfg: TrainConfig, task: Task, env: WorkerEnv,
     units = task.shard_units(model)
     model.to_empty(device=env.device)
     task.on_materialized(model)
-    pretrained = init_weights and cfg.model.hf is not None and cfg.model.hf.pretrained is not None
+    pretrained_url = cfg.model.hf.pretrained if cfg.model.hf is not None else None
+    pretrained = init_weights and pretrained_url is not None
     if init_weights and not pretrained:
         task.init_weights(model)
     if cfg.train.compile:
@@ -230,7 +233,7 @@ def _materialized_model(cfg: TrainConfig, task: Task, env: WorkerEnv,
                         sync_init=init_weights and not pretrained)
     if pretrained:  # after sharding, so that each rank reads only the rows it holds
         read = task.load_pretrained(model)
-        log.info("rank %d read %.1f MB of pretrained weights from %s", env.rank, read / 1e6, cfg.model.hf.pretrained)
+        log.info("rank %d read %.1f MB of pretrained weights from %s", env.rank, read / 1e6, pretrained_url)
     return model, flops_per_unit
 
 
@@ -360,9 +363,9 @@ class _StepLoop:
         self.pending_losses: list[tuple[int, StepResult, float]] = []
         self.timed_steps, self.timed_seconds, self.last_step_s = 0, 0.0, 0.0
         self.cadence = Cadence(cfg, self.last_step, parts.progress.step, env.device, env.preemption_deadline)
-        self.evaluator = (Evaluator(cfg, parts.task, parts.task.open_val_dataset(), env.rank, env.world_size,
+        self.evaluator = (Evaluator(cfg, parts.task, open_val_dataset(parts.task), env.rank, env.world_size,
                                     env.device) if cfg.evaluates else None)
-        self.val_losses: dict[int, float] = {}  # this attempt's evaluations, for the checkpoints' commit markers
+        self.val_losses: dict[int, float | None] = {}  # this attempt's evaluations, for the checkpoints' commit markers
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -387,6 +390,7 @@ class _StepLoop:
                                                or saving and self.cfg.checkpoint.keep_best)
 
     def _evaluate(self, step: int) -> None:
+        assert self.evaluator is not None  # _eval_due
         started = time.perf_counter()
         metrics = self.evaluator(self.parts.model)
         self.val_losses[step] = metrics.get("val_loss")
@@ -424,7 +428,9 @@ class _StepLoop:
 
     def _log(self, step: int) -> None:
         self._flush_logs()  # also the record of how far this attempt got, should it die before its next save
-        self.telemetry.logged(step, self.records.losses.losses[step], self.parts.scheduler.get_last_lr()[0],
+        loss = self.records.losses.losses[step]
+        assert loss is not None  # _reduce_losses recorded it
+        self.telemetry.logged(step, loss, float(self.parts.scheduler.get_last_lr()[0]),
                               self.checkpointer.failed_saves, self.checkpointer.last_committed,
                               memory.all_ranks(self.env.device))
 
@@ -524,7 +530,7 @@ def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, 
         if units != per_step:
             raise TaskError(f"the task's loss counted {units:.0f} units at step {step}, not the {per_step} of "
                             "train.global_batch_size x units_per_sample: the loss denominator must be constant "
-                            "(README, 'Your own model')")
+                            "(docs/own-model.md)")
         value = total / per_step
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")

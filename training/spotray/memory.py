@@ -24,9 +24,9 @@ def this_rank(device: torch.device) -> dict[str, int | None]:
 
 def all_ranks(device: torch.device) -> dict[str, list[int] | None]:
     """Every rank's figures, rank order, by kind (a collective); a kind no rank has is None."""
-    mine = this_rank(device)
-    local = torch.tensor([math.nan if mine[k] is None else float(mine[k]) for k in KINDS], dtype=torch.float64,
-                         device=device)
+    figures = this_rank(device)
+    mine = [figures[k] for k in KINDS]
+    local = torch.tensor([math.nan if v is None else float(v) for v in mine], dtype=torch.float64, device=device)
     rows = [local]
     if dist.is_initialized():
         rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
@@ -37,11 +37,13 @@ def all_ranks(device: torch.device) -> dict[str, list[int] | None]:
 
 
 def describe(figures: dict[str, int | None]) -> str:
-    """One rank's figures for a console line."""
-    parts = [f"host RSS {_gib(figures['rss_bytes'])}, peak {_gib(figures['peak_rss_bytes'])}"]
-    if figures["cuda_allocated_peak_bytes"] is not None:
-        parts.append(f"CUDA allocated peak {_gib(figures['cuda_allocated_peak_bytes'])}, reserved peak "
-                     f"{_gib(figures['cuda_reserved_peak_bytes'])}")
+    """One rank's figures (``this_rank``'s) for a console line."""
+    rss, peak = figures["rss_bytes"], figures["peak_rss_bytes"]
+    allocated, reserved = figures["cuda_allocated_peak_bytes"], figures["cuda_reserved_peak_bytes"]
+    assert rss is not None and peak is not None  # the host's figures are always known
+    parts = [f"host RSS {_gib(rss)}, peak {_gib(peak)}"]
+    if allocated is not None and reserved is not None:  # on CUDA both are known, elsewhere neither
+        parts.append(f"CUDA allocated peak {_gib(allocated)}, reserved peak {_gib(reserved)}")
     return "; ".join(parts)
 
 

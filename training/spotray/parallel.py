@@ -8,7 +8,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -23,12 +23,12 @@ def parallelize(model: torch.nn.Module, units: list[torch.nn.Module], mode: str,
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                        init_sync=sync_init)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
-    kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+              else MixedPrecisionPolicy())  # without bf16: fully_shard's default
     model = model.to(device)
     for unit in units:
-        fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -36,6 +36,6 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
     """Context for one micro-batch: skip the gradient all-reduce on all but the last one."""
     if isinstance(model, DistributedDataParallel):
         return contextlib.nullcontext() if enabled else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
+    if isinstance(model, FSDPModule):  # what fully_shard made of the root
         model.set_requires_gradient_sync(enabled)
     return contextlib.nullcontext()

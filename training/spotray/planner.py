@@ -145,7 +145,10 @@ class Inputs:
 
     @property
     def total_steps(self) -> int:
-        return self.steps if self.steps is not None else math.ceil(self.tokens / self.tokens_per_step)
+        if self.steps is not None:
+            return self.steps
+        assert self.tokens is not None  # __post_init__ requires one of tokens and steps
+        return math.ceil(self.tokens / self.tokens_per_step)
 
     @property
     def spare_restart_s(self) -> float | None:
@@ -284,6 +287,8 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
                 "startup": startup, "overhead": steps * inputs.overhead_s_per_step, "interrupted": interrupted}
 
     count = inputs.interruptions if spot else None
+    wall: float | None
+    expected: float | None
     if count is not None:  # replay: W = base + count x loss, auto planning for count / W
         wall, interval = sum(seconds(every(0.0), 0.0).values()), every(0.0)
         for _ in range(COUNT_ITERATIONS):
@@ -296,6 +301,7 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
         expected = float(count)
     else:
         per_node = inputs.interruptions_per_node_hour if spot else inputs.on_demand_interruptions_per_node_hour
+        assert per_node is not None  # __post_init__ requires a rate where there is no count
         rate = per_node * nodes
         interval = every(rate)
         base = sum(seconds(interval, 0.0).values())

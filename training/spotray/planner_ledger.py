@@ -62,8 +62,8 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
         values["restore_s"] = statistics.fmean(a.status_of("restore_s") for a in resumed)
     first = records[0]
     values["startup_s"] = first.entered_at - account.started_at + first.status_of("startup_s")
-    restarts = [_restart_s(prev, cur, values["step_s"]) for prev, cur in zip(records, records[1:], strict=False)]
-    restarts = [r for r in restarts if r is not None]
+    recoveries = [_restart_s(prev, cur, values["step_s"]) for prev, cur in zip(records, records[1:], strict=False)]
+    restarts = [r for r in recoveries if r is not None]
     if restarts:
         values["restart_s"] = statistics.fmean(restarts)
     else:

@@ -224,6 +224,7 @@ class PriceBook:
             by_zone = self.karpenter[(instance_type, capacity_type)]
             return by_zone[zone] if zone in by_zone else _mean(by_zone.values())
         if source == "prices file":
+            assert self.file is not None  # source() found the price there
             if capacity_type == "on-demand":
                 return float(self.file["on_demand"][instance_type])
             zones = self.file["spot"][instance_type]

@@ -135,6 +135,7 @@ class ProgressMonitor:
                                      goodput.AttemptRecord(cur, cur_status, {}))
         if self._once(prev.attempt_id, "ended"):
             if event.kind == "error":
+                assert prev_status is not None  # the error is in the status
                 self._event(f"FAILURE at step {event.step}: {prev_status['error']}")
             elif event.kind == "kill":
                 self._event(f"INTERRUPTED at step {event.step} without notice (node or driver lost): resuming")

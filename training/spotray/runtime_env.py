@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from spotray.config import EnvSection, TrainConfig
@@ -45,9 +46,10 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed, so that the same files make the same
 def worker_runtime_env(cfg: TrainConfig) -> dict:
     """The runtime_env of every Ray Train worker: forwarded variables, and a package only Ray can fetch."""
     env_vars = {} if cfg.env.on_nodes else forwarded_env(cfg.env)
-    runtime_env = {"env_vars": env_vars} if env_vars else {}
-    if cfg.runtime.working_dir_is_uri and not _fetched_by_spotray(cfg.runtime.working_dir):
-        runtime_env["working_dir"] = cfg.runtime.working_dir
+    runtime_env: dict[str, dict[str, str] | str] = {"env_vars": env_vars} if env_vars else {}
+    working_dir = cfg.runtime.working_dir
+    if working_dir is not None and cfg.runtime.working_dir_is_uri and not _fetched_by_spotray(working_dir):
+        runtime_env["working_dir"] = working_dir
     return runtime_env
 
 
@@ -141,7 +143,7 @@ def _zip(root: Path, files: list[tuple[Path, int]], package: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def forwarded_env(env: EnvSection, environ: dict | None = None) -> dict[str, str]:
+def forwarded_env(env: EnvSection, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Variables copied from the driver to every worker. Names are logged, values never."""
     environ = os.environ if environ is None else environ
     names = [*STORAGE_ENV, *env.forward]

@@ -70,6 +70,7 @@ def with_script(cfg: TrainConfig, path: str) -> TrainConfig:
 
 def script_file(cfg: TrainConfig) -> Path:
     """The script on the driver: relative to runtime.working_dir, which travels to the workers."""
+    assert cfg.script.path is not None  # a script run's
     base = cfg.runtime.working_dir if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri else "."
     return Path(base, cfg.script.path)
 
@@ -84,6 +85,7 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
     session = sessions.Session(cfg, env)
     sessions.begin(session)
     argv, path = sys.argv, cfg.script.path
+    assert path is not None  # a script run's
     sys.argv = [path, *cfg.script.args]
     sys.path.insert(0, str(Path(path).resolve().parent))
     try:

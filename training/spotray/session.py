@@ -58,6 +58,7 @@ class Session:
         self.stop = False
         self._notice: tuple[int, float, float] | None = None  # (step, deadline, noticed at)
         self._warned: set[str] = set()
+        self._last_report_at: float  # from _open on
 
     def plan(self, max_steps: int) -> None:
         """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
@@ -104,6 +105,7 @@ class Session:
         self.telemetry.checkpoint(blocked, self.files.last_save_s)
         self.cadence.saved(step, blocked, self.files.last_save_s or blocked, self._mean_step_s())
         if notice is not None:
+            assert committed is not None  # waited for above
             self._after_notice(notice, step, committed)
 
     def _after_notice(self, notice: tuple[int, float, float], step: int, committed: bool) -> None:
@@ -130,7 +132,8 @@ class Session:
         record.update({k: v for k, v in metrics.items() if v is not None})
         if tokens:
             record["tokens"] = tokens
-            self.telemetry.tokens_per_step = tokens
+            if isinstance(self.telemetry, RankZeroTelemetry):  # the other ranks' telemetry counts nothing
+                self.telemetry.tokens_per_step = tokens
         self._warn_if_never_committed(step)
         if self.env.rank != 0:
             return
@@ -251,13 +254,19 @@ def commit(directory: str, step: int) -> None:
     """Upload what the ranks saved to ``directory`` as ``step``'s checkpoint; the commit marker follows once every
     rank's files are in storage. Returns while the upload goes on (except after a notice), so save the next step to
     another directory: the next ``commit`` returns once this upload has ended. Call it on every rank."""
-    return _current.commit(directory, step) if _current else _outside("commit", None)
+    if _current:
+        _current.commit(directory, step)
+    else:
+        _outside("commit", None)
 
 
 def report(step: int, tokens: int | None = None, **metrics: float) -> None:
     """Record ``step`` in the run's ledger: its time, ``tokens`` (all ranks'), and metrics (``loss``,
     ``learning_rate``, ``grad_norm``). Rank 0's reports are kept; other ranks may call it too."""
-    return _current.report(step, tokens, **metrics) if _current else _outside("report", None)
+    if _current:
+        _current.report(step, tokens, **metrics)
+    else:
+        _outside("report", None)
 
 
 def should_stop() -> bool:

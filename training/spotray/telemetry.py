@@ -173,7 +173,7 @@ class RankZeroTelemetry(Telemetry):
 
     def __init__(self, *, attempts_root: Location, attempt: ledger.AttemptInfo, entered_at: float,
                  max_steps: int | None,
-                 tokens_per_step: int, flops_per_token: float, peak: float | None, run_name: str,
+                 tokens_per_step: int, flops_per_token: float | None, peak: float | None, run_name: str,
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.clock = goodput.AttemptClock(attempts_root, attempt.attempt_id, entered_at, max_steps, writer, log_every)
         self.evals = ledger.eval_log(attempts_root, attempt.attempt_id, writer)
@@ -186,7 +186,8 @@ class RankZeroTelemetry(Telemetry):
         self.flops_per_token = flops_per_token
         self.productive_s = 0.0
         self.window_steps, self.window_s = 0, 0.0
-        self.from_step, self._past = attempt.from_step, None
+        self.from_step = attempt.from_step
+        self._past: Past | None = None
         # Dozens of small reads on S3: they overlap the first step instead of delaying it.
         pool = ThreadPoolExecutor(1, thread_name_prefix="spotray-history")
         self._history = pool.submit(goodput.account, attempts_root, attempt.attempt_id)
@@ -228,7 +229,7 @@ class RankZeroTelemetry(Telemetry):
                last_checkpoint: CommittedCheckpoint | None, memory: dict[str, list[int] | None]) -> None:
         """One log line, the gauges, the interval's record and the attempt's status in storage."""
         tokens_per_s = self.window_steps * self.tokens_per_step / self.window_s if self.window_s else None
-        mfu = tokens_per_s * self.flops_per_token / self.peak_total if tokens_per_s and self.peak_total else None
+        mfu = model_flops_utilization(tokens_per_s, self.flops_per_token, self.peak_total)
         step_s = self.window_s / self.window_steps if self.window_steps else None
         past = self.past()
         live = past.live(self.productive_s)
@@ -305,3 +306,10 @@ def _before_this_attempt(history: goodput.Account, kept_productive: float) -> di
     seconds["wasted"] += seconds["productive"] - kept_productive
     seconds["productive"] = kept_productive
     return seconds
+
+
+def model_flops_utilization(tokens_per_s: float | None, flops_per_token: float | None,
+                            peak_flops: float | None) -> float | None:
+    """None where a figure is unknown: no step timed yet, a task that does not count its FLOPs, a device without
+    a known peak."""
+    return tokens_per_s * flops_per_token / peak_flops if tokens_per_s and flops_per_token and peak_flops else None

@@ -13,52 +13,53 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if getattr(args, "script", False):
         if which != "recovery":
             raise SpotrayError(f"--script: only with `bench recovery`, not `bench {which}`")
-        from spotray.bench.recovery_script import run
+        from spotray.bench.recovery_script import run as run_recovery_script
 
-        return run(_storages(args.storage or "s3"), s3_endpoint=args.s3_endpoint, preset=args.preset,
-                   rounds=args.rounds, every=args.steps or 5, fault=args.fault, **_gap(args))
+        return run_recovery_script(_storages(args.storage or "s3"), s3_endpoint=args.s3_endpoint, preset=args.preset,
+                                   rounds=args.rounds, every=args.steps or 5, fault=args.fault, **_gap(args))
     if which == "checkpoint":
-        from spotray.bench.checkpoint import run
+        from spotray.bench.checkpoint import run as run_checkpoint
 
-        return run(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint, repeats=args.steps or 3,
-                   preset=args.preset)
+        return run_checkpoint(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint,
+                              repeats=args.steps or 3, preset=args.preset)
     if which == "recovery":
-        from spotray.bench.recovery import run
+        from spotray.bench.recovery import run as run_recovery
 
-        return run(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint, preset=args.preset,
-                   rounds=args.rounds, every=args.steps or 5, fault=args.fault, **_gap(args))
+        return run_recovery(_storages(args.storage or DEFAULT_STORAGES), s3_endpoint=args.s3_endpoint,
+                            preset=args.preset, rounds=args.rounds, every=args.steps or 5, fault=args.fault,
+                            **_gap(args))
     if which == "pretrained":
-        from spotray.bench.pretrained import run
+        from spotray.bench.pretrained import run as run_pretrained
 
-        return run(preset=args.preset, s3_endpoint=args.s3_endpoint)
+        return run_pretrained(preset=args.preset, s3_endpoint=args.s3_endpoint)
     if which == "prepare":
-        from spotray.bench.prepare import run
+        from spotray.bench.prepare import run as run_prepare
 
-        return run(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint, rounds=args.rounds)
+        return run_prepare(size_mb=args.size_mb, s3_endpoint=args.s3_endpoint, rounds=args.rounds)
     if which == "goodput":
-        from spotray.bench.goodput import run
+        from spotray.bench.goodput import run as run_goodput
 
-        return run(steps=args.steps or 6000, rounds=args.rounds)
+        return run_goodput(steps=args.steps or 6000, rounds=args.rounds)
     if which == "export":
-        from spotray.bench.export import run
+        from spotray.bench.export import run as run_export
 
-        return run(preset=args.preset)
+        return run_export(preset=args.preset)
     if which == "soak":
-        from spotray.bench.soak import run
+        from spotray.bench.soak import run as run_soak
 
-        return run(minutes=args.minutes, seed=args.seed, faults=args.faults)
+        return run_soak(minutes=args.minutes, seed=args.seed, faults=args.faults)
     if which == "planner":
-        from spotray.bench.planner import run
+        from spotray.bench.planner import run as run_planner
 
-        return run(steps=args.steps or 1800, faults_per_run=_rates(args.rates))
+        return run_planner(steps=args.steps or 1800, faults_per_run=_rates(args.rates))
     if which == "tracking":
-        from spotray.bench.tracking import run
+        from spotray.bench.tracking import run as run_tracking
 
-        return run(steps=args.steps or 60, rounds=args.rounds, preset=args.preset, workers=args.workers)
-    from spotray.bench.throughput import run
+        return run_tracking(steps=args.steps or 60, rounds=args.rounds, preset=args.preset, workers=args.workers)
+    from spotray.bench.throughput import run as run_throughput
 
-    return run(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
-               gpu=args.gpu, hf_config=args.hf_config)
+    return run_throughput(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
+                          gpu=args.gpu, hf_config=args.hf_config)
 
 
 def _storages(arg: str) -> list[str]:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,8 @@ def main(config_json: str) -> None:
     seconds = 0.0
     for step in range(1, cfg.train.max_steps + 1):
         started = time.perf_counter()
-        batch = dataset.batch(sampler.next_batch(rank, world)).to(device)
+        # The throughput bench's tasks (gpt, hf) read token shards: a tensor, not a dict of them.
+        batch = cast(torch.Tensor, dataset.batch(sampler.next_batch(rank, world))).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss, units = task.loss(model, batch)
         (loss / units).backward()

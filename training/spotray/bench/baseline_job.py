@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import ray
 import ray.train
@@ -39,10 +40,12 @@ def train_fn(job: dict) -> None:
     if resumed:
         with resumed.as_directory() as directory:
             state = torch.load(Path(directory) / "state.pt", weights_only=True)
-        model.module.load_state_dict(state["model"])
+        _unwrapped(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         start = state["step"]
     per_rank = cfg.per_worker_batch
+    every = cfg.checkpoint.every_steps
+    assert isinstance(every, int), "the recovery bench sets a step count, not auto"
     for step in range(start + 1, cfg.train.max_steps + 1):
         first = (step * cfg.train.global_batch_size + rank * per_rank) % (len(dataset) - per_rank)
         batch = dataset.batch(list(range(first, first + per_rank)))
@@ -53,16 +56,21 @@ def train_fn(job: dict) -> None:
         if rank == 0:
             first_step = step == start + 1
             _record(job["progress"], step=step, attempt_start=(start, entered_at, time.time()) if first_step else None)
-        if step % cfg.checkpoint.every_steps == 0:
+        if step % every == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 checkpoint = None
                 if rank == 0:
-                    torch.save({"model": model.module.state_dict(), "optim": optimizer.state_dict(), "step": step},
+                    torch.save({"model": _unwrapped(model).state_dict(), "optim": optimizer.state_dict(), "step": step},
                                Path(tmp) / "state.pt")
                     checkpoint = Checkpoint.from_directory(tmp)
                 ray.train.report({"step": step}, checkpoint=checkpoint)
             if rank == 0:
                 _record(job["progress"], checkpointed=step)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside the DistributedDataParallel wrapper of ``prepare_model``."""
+    return cast(torch.nn.Module, model.module)
 
 
 def _record(path: str, step: int | None = None, checkpointed: int | None = None,

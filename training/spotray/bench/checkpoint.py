@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import Any
 
 import ray
 import ray.train
@@ -51,7 +52,7 @@ def _worker(loop_config: dict) -> None:
     for _ in range(2):  # populate AdamW state so the checkpoint has its real size
         t.step(t.dataset.batch(t.sampler.next_batch(env.rank, env.world_size)))
     root = run_root(cfg)
-    result = {}
+    result: dict[str, Any] = {}  # the JSON result document
     train_between_s = 0.0
     for mode in ("sync", "async"):
         ckpt = Checkpointer(root.child(mode), rank=env.rank, world_size=env.world_size, keep_last=1,
@@ -145,6 +146,6 @@ def run(storages: list[str], s3_endpoint: str | None = None, repeats: int = 3, p
         if "local" in storages:
             results["local"] = _measure(data_url, resolve(workdir).child("ckpt").url, None, workdir, repeats, preset)
         if endpoint:
-            results["s3"] = _measure(data_url, f"{create_bucket(endpoint)}/ckpt", endpoint, workdir, repeats, preset)
-            results["s3"]["endpoint"] = s3_endpoint or "moto server on 127.0.0.1"
+            s3 = _measure(data_url, f"{create_bucket(endpoint)}/ckpt", endpoint, workdir, repeats, preset)
+            results["s3"] = s3 | {"endpoint": s3_endpoint or "moto server on 127.0.0.1"}
     return results

@@ -52,7 +52,8 @@ def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]],
 def poisson_kills(rate_per_s: float, wall_per_step_s: float, steps: int, seed: int) -> list[tuple[str, int]]:
     """Kills at the steps a Poisson process of ``rate_per_s`` reaches, in wall seconds of training; none in the last
     100 steps (the run could be finished) or within 60 of the previous one (a checkpoint and the restart between)."""
-    rng, plan, at_s = random.Random(seed), [], 0.0
+    rng, at_s = random.Random(seed), 0.0
+    plan: list[tuple[str, int]] = []
     while True:
         at_s += rng.expovariate(rate_per_s)
         step = int(at_s / wall_per_step_s)

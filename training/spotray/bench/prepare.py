@@ -59,7 +59,8 @@ def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, paral
         cases = [(fmt, storage, "bytes", sources[fmt, storage]) for fmt, storage in sources]
         cases.append(("jsonl", "local", "hf-bpe", jsonl_files[0]))
         tokenizers = {"bytes": ("bytes", jsonl_files), "hf-bpe": (bpe, jsonl_files[:1])}
-        runs = {case[:3]: {p: [] for p in parallelisms} for case in cases}
+        runs: dict[tuple[str, str, str], dict[int, list[dict]]] = {
+            case[:3]: {p: [] for p in parallelisms} for case in cases}
         baseline_runs: dict[str, list[dict]] = {name: [] for name in tokenizers}
         join_or_start(max(os.cpu_count() or 1, max(parallelisms)), log_to_driver=False)
         try:

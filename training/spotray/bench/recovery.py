@@ -118,7 +118,7 @@ def _spotray_resumed(attempts: Location, phases: tuple[str, ...], restart: int) 
     if len(found) <= restart:
         return None
     status = goodput.read_status(attempts, found[restart].attempt_id)
-    if not (status or {}).get("first_step_at"):
+    if status is None or not status.get("first_step_at"):
         return None
     return Resumed(found[restart].from_step, status["entered_at"], status["first_step_at"],
                    {phase: status[f"{phase}_s"] for phase in phases})
@@ -180,8 +180,9 @@ def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults:
     times: list[tuple[float, float]] = []
     try:
         for restart, fault in enumerate(faults):
-            since = _wait(lambda n=restart: job.resumed_from(n), job.proc, f"restart {restart}", log) if restart else 0
-            _wait(lambda step=since: job.checkpointed_after(step), job.proc, f"a checkpoint after step {since}", log)
+            since = _wait(functools.partial(job.resumed_from, restart), job.proc, f"restart {restart}", log) \
+                if restart else 0
+            _wait(functools.partial(job.checkpointed_after, since), job.proc, f"a checkpoint after step {since}", log)
             time.sleep(SETTLE_S)
             fault_at = time.time()
             (cluster.preempt_with_notice if fault.kind == "notice" else cluster.kill)(cluster.nodes[-1])
@@ -192,10 +193,11 @@ def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults:
     finally:
         job.proc.kill()
     resumed = [job.resumed(n) for n in range(1, len(faults) + 1)] if job.proc.returncode == 0 else [None]
-    if None in resumed:
+    found_all = [found for found in resumed if found is not None]
+    if len(found_all) < len(resumed):
         clusters.discard()
         raise SpotrayError(f"recovery bench: {log.stem} failed or never resumed; see {log}")
-    return [(found, fault_at, back_at) for found, (fault_at, back_at) in zip(resumed, times, strict=True)]
+    return [(found, fault_at, back_at) for found, (fault_at, back_at) in zip(found_all, times, strict=True)]
 
 
 def from_the_replacement(resumed: Resumed, back_at: float) -> dict:

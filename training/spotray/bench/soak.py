@@ -83,10 +83,15 @@ class _Driver:
             self.proc = subprocess.Popen(cmd, env={**self.cluster.node_env(), "RAY_ADDRESS": self.cluster.address},
                                          stdout=log, stderr=subprocess.STDOUT)
 
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.proc is not None, "start() first"
+        return self.proc
+
     def sample(self) -> None:
         try:
-            process = psutil.Process(self.proc.pid)
-            self.samples.append((self.proc.pid, process.memory_info().rss / 1e6, process.num_fds()))
+            process = psutil.Process(self.process.pid)
+            self.samples.append((self.process.pid, process.memory_info().rss / 1e6, process.num_fds()))
         except psutil.Error:
             pass
 
@@ -144,7 +149,7 @@ def _wait_for_step(root, step: int, driver: _Driver, timeout_s: float = 900) -> 
     """Until a checkpoint of ``step`` or later is committed; returns the most checkpoint folders seen meanwhile."""
     deadline, most = time.time() + timeout_s, 0
     while time.time() < deadline:
-        if driver.proc.poll() is not None:
+        if driver.process.poll() is not None:
             raise SpotrayError(f"bench soak: the driver ended before step {step}:\n{driver.log_tail()}")
         most = max(most, _held(root))
         if any(c.step >= step for c in _committed(root)):
@@ -190,18 +195,18 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         cluster.add_node()
         cluster.add_node()
     elif kind == "driver":
-        driver.proc.kill()
-        driver.proc.wait(timeout=60)
+        driver.process.kill()
+        driver.process.wait(timeout=60)
         driver.start()
     elif kind == "head":
         cluster.kill(cluster.nodes[0])
         try:
-            driver.proc.wait(timeout=HEAD_LOSS_ENDS_DRIVER_S)
+            driver.process.wait(timeout=HEAD_LOSS_ENDS_DRIVER_S)
         except subprocess.TimeoutExpired:
-            driver.proc.kill()
+            driver.process.kill()
             raise SpotrayError(f"bench soak: the driver kept running {HEAD_LOSS_ENDS_DRIVER_S} s after the Ray head "
                                f"died:\n{driver.log_tail()}") from None
-        ended = {"exit": driver.proc.returncode, **_said(driver.console())}
+        ended = {"exit": driver.process.returncode, **_said(driver.console())}
         clusters.discard()
         driver.cluster = clusters.get()  # a RayJob retry: a new cluster, the same command
         driver.start()
@@ -238,11 +243,12 @@ def _corrupt_newest(root) -> int:
 
 def _finish(driver: _Driver, timeout_s: float = 1200) -> dict:
     try:
-        driver.proc.wait(timeout=timeout_s)
+        driver.process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        driver.proc.kill()
-    if driver.proc.returncode != 0:
-        raise SpotrayError(f"bench soak: the run did not finish (exit {driver.proc.returncode}):\n{driver.log_tail()}")
+        driver.process.kill()
+    if driver.process.returncode != 0:
+        raise SpotrayError(f"bench soak: the run did not finish (exit {driver.process.returncode}):\n"
+                           f"{driver.log_tail()}")
     return json.loads((driver.workdir / "summary.json").read_text())
 
 

@@ -74,11 +74,15 @@ def _mfu(cfg: config.TrainConfig, tokens_per_s: float) -> float | None:
     task = load_task(cfg)
     with torch.device("meta"):
         flops_per_token = task.flops_per_unit(task.build_model())
+    if flops_per_token is None:
+        return None
     return tokens_per_s * flops_per_token / (peak * cfg.scaling.num_workers)
 
 
 def _hf_name(cfg: config.TrainConfig) -> str:
-    return f"hf:{load_task(cfg).config.model_type}"
+    from spotray.tasks.hf import HFTask  # the task load_task builds for model.kind hf
+
+    return f"hf:{HFTask(cfg).config.model_type}"
 
 
 def _round(value: float | None, digits: int) -> float | None:

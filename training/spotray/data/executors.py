@@ -55,6 +55,7 @@ class RayExecutor:
     def _run(self, ray, fn, queue: list, shared, on_done: OnDone, on_progress: OnProgress) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        assert self.parallelism is not None, "run() sets it"
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         # Near the driver, and restarted elsewhere if its node is lost all the same: it only feeds the progress line.
         tally = ray.remote(num_cpus=0, scheduling_strategy=here, max_restarts=-1)(_Tally).remote()

@@ -16,7 +16,7 @@ VERSION = 1
 INDEX_NAME = "index.json"
 TOKENIZER_NAME = "tokenizer.json"
 VAL_NAME = "val"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
 def dtype_for_vocab(vocab_size: int) -> str:

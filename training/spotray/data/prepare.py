@@ -93,11 +93,11 @@ def prepare(
     options: StorageOptions | None = None,
     executor=None,
     progress_stream=None,
-    **settings,
+    **fields,
 ) -> dict:
     """Tokenize ``inputs`` (files, directories, globs, s3:// prefixes) into shards at ``output_url``; returns the
-    index. ``settings`` are ``PrepareSettings`` fields; ``executor`` defaults to this process, one chunk at a time."""
-    settings = PrepareSettings(**settings)
+    index. ``fields`` are ``PrepareSettings`` fields; ``executor`` defaults to this process, one chunk at a time."""
+    settings = PrepareSettings(**fields)
     patterns = [inputs] if isinstance(inputs, str) else list(inputs)
     out = resolve(output_url, options)
     if out.child(INDEX_NAME).exists():
@@ -246,6 +246,7 @@ def _check_not_empty(index: dict, val_index: dict | None, patterns: list[str]) -
         raise DataError(f"empty corpus: {', '.join(patterns)} contains no text ({_removed_text(index['removed'])}); "
                         "point --input at files with text")
     if index["num_documents"] == 0:
+        assert val_index is not None, "else the corpus is empty, caught above"
         raise DataError(f"--val-fraction {val_index['fraction']} put all {val_documents} documents into the "
                         "validation split and none is left to train on: add data or lower --val-fraction")
     if val_index is not None and val_documents == 0:

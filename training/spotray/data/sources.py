@@ -262,15 +262,18 @@ class DocumentReader:
         try:
             record = json.loads(line)
         except ValueError:
-            return self._bad(loc, piece, offset, "is not valid JSON")
+            self._bad(loc, piece, offset, "is not valid JSON")
+            return None
         if not isinstance(record, dict):
-            return self._bad(loc, piece, offset, f"is a JSON {type(record).__name__}, not an object")
+            self._bad(loc, piece, offset, f"is a JSON {type(record).__name__}, not an object")
+            return None
         text = record.get(self.text_field)
         if not isinstance(text, str):
             problem = "has no" if text is None else f"has a non-string ({type(text).__name__})"
             keys = ", ".join(sorted(record)[:10]) or "none"
-            return self._bad(loc, piece, offset, f"{problem} field '{self.text_field}' (its fields: {keys})",
-                             "pick the field with --text-field")
+            self._bad(loc, piece, offset, f"{problem} field '{self.text_field}' (its fields: {keys})",
+                      "pick the field with --text-field")
+            return None
         return text
 
     def _bad(self, loc: Location, piece: Piece, offset: int, problem: str, fix: str = "") -> None:

@@ -49,6 +49,7 @@ class MlflowServer:
         self._proc.wait(timeout=30)
 
     def _wait_until_up(self) -> None:
+        assert self._proc is not None, "start() first"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and self._proc.poll() is None:
             try:

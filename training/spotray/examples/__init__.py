@@ -1,1 +1,1 @@
-"""Example user tasks, trained with ``model.task=spotray.examples.<module>:make_task`` (README, "Your own model")."""
+"""Example user tasks, trained with ``model.task=spotray.examples.<module>:make_task`` (docs/own-model.md)."""

@@ -46,9 +46,10 @@ def main() -> None:
     scheduler = get_linear_schedule_with_warmup(optimizer, 5 * ticks, args.max_steps * ticks)
     # The loader's own generator: starting an epoch then draws nothing from the RNG that dropout uses (and
     # load_state restores), so that a resume is exact.
-    dataloader = DataLoader(token_dataset(512, 32, 128), batch_size=4, shuffle=True,
-                            generator=torch.Generator().manual_seed(0))
-    model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, dataloader, scheduler)
+    loader: DataLoader[dict] = DataLoader(
+        token_dataset(512, 32, 128),  # type: ignore[arg-type]  # torch stub: a Dataset only; a list is map-style
+        batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0))
+    model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
 
     ckpt_dir = os.path.join(args.output_dir, "resume")  # spotray: the run's newest checkpoint, fetched here
     step = spotray.restore(ckpt_dir, max_steps=args.max_steps) or 0  # spotray: its step; None on a first start

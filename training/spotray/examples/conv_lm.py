@@ -9,6 +9,7 @@ checkpoint saves through ``extra_state``, so that a resumed run trains exactly a
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -98,7 +99,7 @@ class ConvLMTask(LanguageModelTask):
     def build_model(self) -> ConvLM:
         return ConvLM(self.vocab_size, self.width, self.depth, self.kernel_size)
 
-    def init_weights(self, model: ConvLM) -> None:
+    def init_weights(self, model: nn.Module) -> None:
         """Every parameter: ``to_empty`` left them as uninitialised memory."""
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -109,23 +110,28 @@ class ConvLMTask(LanguageModelTask):
                 nn.init.zeros_(module.bias)
             if isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
-        for block in model.blocks:  # keep the residual stream's variance flat with depth
-            nn.init.normal_(block.mlp[2].weight, std=0.02 / math.sqrt(2 * self.depth))
+        for block in _built(model).blocks:  # keep the residual stream's variance flat with depth
+            nn.init.normal_(block.get_parameter("mlp.2.weight"), std=0.02 / math.sqrt(2 * self.depth))
 
-    def logits(self, model: ConvLM, inputs: torch.Tensor) -> torch.Tensor:
+    def logits(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         if model.training:
             inputs = self.token_dropout.apply(inputs, self.vocab_size)
         return model(inputs)
 
-    def shard_units(self, model: ConvLM) -> list[nn.Module]:
-        return list(model.blocks)
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        return list(_built(model).blocks)
 
-    def flops_per_unit(self, model: ConvLM) -> float:
+    def flops_per_unit(self, model: nn.Module) -> float:
         """6 per weight per token (2 forward, 4 backward), for the matmuls and the depthwise convolutions."""
         return 6 * (linear_weights(model) + self.depth * self.width * self.kernel_size)
 
     def extra_state(self) -> dict:
         return {"token_dropout": self.token_dropout}
+
+
+def _built(model: nn.Module) -> ConvLM:
+    """The model ``build_model`` built: the loop hands a task's methods back the model the task built."""
+    return cast(ConvLM, model)
 
 
 def make_task(cfg: TrainConfig) -> ConvLMTask:

@@ -2,7 +2,7 @@
 
 A task is built once per process from the run's ``TrainConfig``. The built-in GPT (``gpt``), a Hugging Face
 Transformers causal LM (``hf``) and a user's task (``model.task: package.module:factory``) all implement ``Task``.
-The rules a task keeps so that resume is exact and data is consumed exactly once are in the README, "Your own model".
+The rules a task keeps so that resume is exact and data is consumed exactly once are in docs/own-model.md.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def load_task(cfg: TrainConfig) -> Task:
 
 def _user_task(cfg: TrainConfig) -> Task:
     spec = cfg.model.task
+    assert spec is not None  # the kind of task that model.task names
     module_name, _, factory_name = spec.partition(":")
     try:
         module = _import_task_module(module_name, cfg.runtime.working_dir)

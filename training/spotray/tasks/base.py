@@ -46,7 +46,7 @@ class LanguageModelTask:
     def init_weights(self, model: torch.nn.Module) -> None:
         for module in model.modules():
             if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+                module.reset_parameters()  # type: ignore[operator]  # torch: Module.__getattr__ gives Tensor | Module
 
     def logits(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)
@@ -59,13 +59,13 @@ class LanguageModelTask:
     def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         return []
 
-    def flops_per_unit(self, model: torch.nn.Module) -> float | None:
+    def flops_per_unit(self, model: torch.nn.Module) -> float:
         return 6 * linear_weights(model)
 
     def export_spec(self) -> ExportSpec | None:
         return None
 
-    def load_pretrained(self, model: torch.nn.Module) -> None:
+    def load_pretrained(self, model: torch.nn.Module) -> int:
         raise ConfigError("model.task", f"{type(self).__name__} cannot start from pretrained weights",
                           "implement load_pretrained in the task")
 

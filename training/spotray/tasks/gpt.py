@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from spotray.model import GPT, GPTShape
@@ -17,21 +19,26 @@ class GPTTask(LanguageModelTask):
     def build_model(self) -> GPT:
         return GPT(self.shape)
 
-    def on_materialized(self, model: GPT) -> None:
-        model.tie_weights()
+    def on_materialized(self, model: torch.nn.Module) -> None:
+        _built(model).tie_weights()
 
-    def init_weights(self, model: GPT) -> None:
-        model.init_weights()
+    def init_weights(self, model: torch.nn.Module) -> None:
+        _built(model).init_weights()
 
-    def shard_units(self, model: GPT) -> list[torch.nn.Module]:
-        return list(model.blocks)
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return list(_built(model).blocks)
 
-    def flops_per_unit(self, model: GPT) -> float:
+    def flops_per_unit(self, model: torch.nn.Module) -> float:
         return super().flops_per_unit(model) + attention_flops_per_token(
             self.shape.n_layer, self.shape.block_size, self.shape.n_embd)
 
     def export_spec(self) -> ExportSpec:
         return ExportSpec(hf_config=gpt2_config(self.shape), rename="gpt")
+
+
+def _built(model: torch.nn.Module) -> GPT:
+    """The model ``build_model`` built: the loop hands a task's methods back the model the task built."""
+    return cast(GPT, model)
 
 
 def gpt2_config(shape: GPTShape) -> dict:

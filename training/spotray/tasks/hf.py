@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -11,6 +12,9 @@ from spotray.storage import resolve
 from spotray.tasks import ExportSpec
 from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
 from spotray.tasks.pretrained import check_directory, load_sharded
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class HFTask(LanguageModelTask):
@@ -44,19 +48,20 @@ class HFTask(LanguageModelTask):
                               f"({type(exc).__name__}: {exc})", "check the config's keys and model_type") from None
 
     def on_materialized(self, model: torch.nn.Module) -> None:
-        model.tie_weights()
-        for module in model.modules():  # e.g. rotary embedding tables: buffers no checkpoint holds
+        built = _built(model)
+        built.tie_weights()
+        for module in built.modules():  # e.g. rotary embedding tables: buffers no checkpoint holds
             if next(module.buffers(recurse=False), None) is not None and not list(module.parameters(recurse=False)):
-                model._init_weights(module)
+                built._init_weights(module)
 
     def init_weights(self, model: torch.nn.Module) -> None:
-        model.init_weights()
+        _built(model).init_weights()
 
     def logits(self, model: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(input_ids=inputs, use_cache=False).logits
 
     def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        layer_classes = set(model._no_split_modules or ())
+        layer_classes = set(_built(model)._no_split_modules or ())
         return [m for m in model.modules() if type(m).__name__ in layer_classes]
 
     def flops_per_unit(self, model: torch.nn.Module) -> float:
@@ -69,6 +74,11 @@ class HFTask(LanguageModelTask):
 
     def load_pretrained(self, model: torch.nn.Module) -> int:
         return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
+
+
+def _built(model: torch.nn.Module) -> PreTrainedModel:
+    """The model ``build_model`` built: the loop hands a task's methods back the model the task built."""
+    return cast("PreTrainedModel", model)
 
 
 def _config_source(hf, options) -> tuple[dict, str]:
@@ -96,7 +106,7 @@ def _auto_config(mapping: dict, key: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = mapping.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if model_type is None or model_type not in CONFIG_MAPPING:
         known = "missing" if model_type is None else f"unknown ({model_type!r})"
         raise ConfigError(key, f"model_type is {known}", "give the model_type of a Transformers causal LM, "
                           "e.g. llama or gpt2, as save_pretrained writes it")

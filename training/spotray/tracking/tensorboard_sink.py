@@ -15,7 +15,7 @@ from spotray.tracking.state import Cursor
 
 
 class TensorboardSink:
-    logged_step = None  # event files cannot be asked: the run's state says
+    logged_step: int | None = None  # event files cannot be asked: the run's state says
 
     def __init__(self, section: TensorboardSection, cursor: Cursor, run_name: str, run_root: Location):
         from torch.utils.tensorboard import SummaryWriter

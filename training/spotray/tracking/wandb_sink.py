@@ -6,6 +6,7 @@ retries by itself; offline records of a run on S3 are mirrored to ``<run_root>/w
 from __future__ import annotations
 
 import uuid
+from typing import Literal, cast
 
 from spotray.config import WandbSection
 from spotray.storage import Location
@@ -28,7 +29,8 @@ class WandbSink:
                                   save_code=False, disable_git=True, x_save_requirements=False,
                                   init_timeout=INIT_TIMEOUT_S)
         self.run = wandb.init(project=section.project, entity=section.entity, id=cursor.run_id, resume="allow",
-                              mode=section.mode, dir=str(directory.parent), name=run_name, settings=settings)
+                              mode=cast(Literal["online", "offline"], section.mode),  # one of WANDB_MODES
+                              dir=str(directory.parent), name=run_name, settings=settings)
         self.logged_step = self.run.starting_step - 1 if self.run.resumed else None
 
     def params(self, params: dict[str, str]) -> None:
