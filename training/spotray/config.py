@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 
 from spotray.errors import ConfigError, key_text
-from spotray.interval import AUTO
 from spotray.storage import StorageOptions
+
+AUTO = "auto"  # an interval spotray chooses (checkpoint.every_steps, fault_tolerance.preemption_check_every_steps)
 
 MODEL_PRESETS = {  # (n_layer, n_head, n_embd) of the built-in GPT
     "tiny": (2, 2, 64),

@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from spotray.storage import Location
+from spotray.storage import UPLOAD_EVERY_S, Location
 
 WORKER_FORMAT = "spotray %(levelname)s: %(message)s"
 _WORKER_NEEDS_USER = re.compile(r"spotray (WARNING|ERROR|CRITICAL): (.*?)(?:\s*\[repeated \d+x across cluster\])?\s*$")
 _COLOR = re.compile(r"\x1b\[[0-9;]*m")
-UPLOAD_EVERY_S = 60.0
 _LONGEST_LINE = 1 << 20
 
 # What a default run may print on the terminal, by kind; anything else belongs in the log file.

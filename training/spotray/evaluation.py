@@ -13,10 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from spotray.batches import to_device
 from spotray.config import TrainConfig
-from spotray.data.dataset import TokenDataset
-from spotray.data.index import val_split_url
-from spotray.errors import ConfigError, DataError
-from spotray.storage import resolve
+from spotray.errors import ConfigError
 from spotray.tasks import Samples, Task
 
 Metrics = dict[str, tuple[torch.Tensor, torch.Tensor | int]]  # name -> (sum, count) over one batch
@@ -33,24 +30,6 @@ def rank_batches(ids: Sequence[int], rank: int, world_size: int, batch: int) -> 
     mine = list(ids[rank::world_size])
     passes = math.ceil(math.ceil(len(ids) / world_size) / batch)
     return [mine[k * batch : (k + 1) * batch] for k in range(passes)]
-
-
-def val_dataset(cfg: TrainConfig, training: TokenDataset) -> TokenDataset:
-    """The run's validation set: ``data.val_path``, else ``<data.path>/val``; checked against the training set's
-    tokenizer and ``eval.samples``."""
-    url = cfg.data.val_path or val_split_url(cfg.data.path)
-    if cfg.data.val_path is None and not resolve(url, cfg.storage.options()).child("index.json").exists():
-        raise ConfigError("data.val_path", f"evaluation is on but {url} holds no prepared dataset",
-                          "prepare one with `spotray prepare --val-fraction 0.01`, or set data.val_path=URL")
-    try:
-        val = TokenDataset.open(url, cfg.train.seq_len, cfg.storage.options())
-    except DataError as exc:
-        raise ConfigError("data.val_path", str(exc), "point it at a dataset written by `spotray prepare`") from None
-    if (val.index["tokenizer"], val.vocab_size) != (training.index["tokenizer"], training.vocab_size):
-        raise ConfigError("data.val_path", f"{url} was prepared with tokenizer {val.index['tokenizer']!r}, the "
-                          f"training data with {training.index['tokenizer']!r}",
-                          "prepare the validation set with the training data's --tokenizer")
-    return val
 
 
 def check_samples(cfg: TrainConfig, val: Samples) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import math
 
+from spotray.config import AUTO
+
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 UNMEASURED_EVERY_STEPS = 50  # ``auto`` before an attempt has timed a save
 # A notice leaves tens of seconds (two minutes on EC2); each check is a barrier through a Ray actor (~3 ms on CPU).
 CHECK_EVERY_S = 1.0

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from spotray import goodput, ledger
 from spotray.errors import SpotrayError
+from spotray.formats import clock, step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:
@@ -18,16 +19,6 @@ if TYPE_CHECKING:
     from spotray.nodes import NodeRecorder
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
-
-
-def clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def step_of(step: int, total: int | None) -> str:
-    """``12/40``, or ``12`` for a script that did not say how many steps it trains."""
-    return f"{step}/{total}" if total else str(step)
 
 
 def progress_line(status: dict, tokens_per_step: int) -> str:

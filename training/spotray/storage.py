@@ -22,6 +22,8 @@ import pyarrow.fs as pafs
 
 from spotray.errors import NotFound, StorageError
 
+UPLOAD_EVERY_S = 60.0  # how often a file kept locally for a run on S3 (its log, a tracker's files) is uploaded
+
 
 @dataclass(frozen=True)
 class StorageOptions:

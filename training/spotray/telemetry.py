@@ -13,7 +13,7 @@ import torch
 
 from spotray import goodput, ledger
 from spotray.cost import LiveCost, gauge_figures
-from spotray.progress import step_of
+from spotray.formats import step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:

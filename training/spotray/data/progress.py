@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from spotray.progress import clock
+from spotray.formats import clock
 
 TTY_INTERVAL_S = 0.5
 

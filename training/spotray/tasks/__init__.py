@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from spotray.compat import renamed
 from spotray.errors import ConfigError, SpotrayError
+from spotray.renames import renamed
 
 if TYPE_CHECKING:
     import torch

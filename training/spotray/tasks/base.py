@@ -9,7 +9,9 @@ import torch.nn.functional as F
 
 from spotray.config import TrainConfig
 from spotray.data.dataset import TokenDataset
-from spotray.errors import ConfigError
+from spotray.data.index import val_split_url
+from spotray.errors import ConfigError, DataError
+from spotray.storage import resolve
 from spotray.tasks import ExportSpec
 
 
@@ -30,9 +32,7 @@ class LanguageModelTask:
 
     @cached_property
     def val_dataset(self) -> TokenDataset:
-        from spotray.evaluation import val_dataset
-
-        return val_dataset(self.cfg, self.dataset)
+        return _checked_val_dataset(self.cfg, self.dataset)
 
     def open_val_dataset(self) -> TokenDataset:
         return self.val_dataset
@@ -83,3 +83,21 @@ def linear_weights(model: torch.nn.Module) -> int:
 def attention_flops_per_token(n_layer: int, seq_len: int, d_model: int) -> float:
     """Causal self-attention's score and value matmuls, forward + backward (PaLM appendix B): 12·L·T·d."""
     return 12 * n_layer * seq_len * d_model
+
+
+def _checked_val_dataset(cfg: TrainConfig, training: TokenDataset) -> TokenDataset:
+    """The run's validation set: ``data.val_path``, else ``<data.path>/val``; checked against the training set's
+    tokenizer and ``eval.samples``."""
+    url = cfg.data.val_path or val_split_url(cfg.data.path)
+    if cfg.data.val_path is None and not resolve(url, cfg.storage.options()).child("index.json").exists():
+        raise ConfigError("data.val_path", f"evaluation is on but {url} holds no prepared dataset",
+                          "prepare one with `spotray prepare --val-fraction 0.01`, or set data.val_path=URL")
+    try:
+        val = TokenDataset.open(url, cfg.train.seq_len, cfg.storage.options())
+    except DataError as exc:
+        raise ConfigError("data.val_path", str(exc), "point it at a dataset written by `spotray prepare`") from None
+    if (val.index["tokenizer"], val.vocab_size) != (training.index["tokenizer"], training.vocab_size):
+        raise ConfigError("data.val_path", f"{url} was prepared with tokenizer {val.index['tokenizer']!r}, the "
+                          f"training data with {training.index['tokenizer']!r}",
+                          "prepare the validation set with the training data's --tokenizer")
+    return val

@@ -7,9 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from spotray.console import UPLOAD_EVERY_S
 from spotray.errors import SpotrayError
-from spotray.storage import Location
+from spotray.storage import UPLOAD_EVERY_S, Location
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,11 @@
+"""How spotray writes figures in the lines it prints: durations and steps."""
+
+
+def clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def step_of(step: int, total: int | None) -> str:
+    """``12/40``, or ``12`` for a script that did not say how many steps it trains."""
+    return f"{step}/{total}" if total else str(step)
