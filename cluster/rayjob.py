@@ -44,9 +44,9 @@ from infra.kernel.names import (
     prometheus_url,
 )
 from infra.kernel.versions import RAY_VERSION
+from spotray.accounts.node_records import NODE_NAME_ENV
 from spotray.config import SPOT_NOTICE_S, TrainConfig
 from spotray.errors import ConfigError
-from spotray.nodes import NODE_NAME_ENV
 
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
 CONFIG_DIR = "/etc/spotray"

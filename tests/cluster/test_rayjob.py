@@ -20,9 +20,9 @@ from cluster.rayjob import (
 )
 from infra.kernel.config import TrainingJobConfig
 from infra.kernel.names import prometheus_url
+from spotray.accounts.node_records import NODE_NAME_ENV
 from spotray.config import from_dict, load
 from spotray.errors import ConfigError
-from spotray.nodes import NODE_NAME_ENV
 from tests.cluster.stacks import stack
 from tests.schemas import validate_custom_resource
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from infra.cli import main
-from spotray import config, goodput, ledger
+from spotray import config
+from spotray.accounts import goodput, ledger
 from spotray.console import line_kind
 from spotray.storage import resolve
 from tests.console import assert_full_log, assert_quiet_console, the_log

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray import config, ledger
+from spotray import config
+from spotray.accounts import ledger
 from spotray.checkpoint import checkpoints_root, list_committed, read_model_record
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray import ledger
+from spotray.accounts import ledger
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster
 from spotray.examples import accelerate_loop, hf_finetune

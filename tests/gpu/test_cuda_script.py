@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotray import ledger
+from spotray.accounts import ledger
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.examples import hf_finetune
 from spotray.storage import resolve

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from spotray import goodput, ledger
+from spotray.accounts import goodput, ledger
 
 
 def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict) -> None:

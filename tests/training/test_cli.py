@@ -192,3 +192,13 @@ def test_the_programs_verbs_run_the_pulumi_program_in_the_clone_at_project_dir(t
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"spotray: error: spotray plan runs the Pulumi program of a clone "
                                                    f"of spotray's repository, and {tmp_path} holds none"), err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "--stack", "dev", "--json"]])
+def test_help_and_plan_import_no_torch(argv):
+    """Each command imports what it needs when it runs: `spotray --help` and the Pulumi program's verbs load no torch
+    (the provisioning side and a laptop's `spotray plan` need none)."""
+    code = (f"import sys\nfrom spotray.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines()[-1] == "False"

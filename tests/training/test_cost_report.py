@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from spotray import goodput, ledger, nodes
+from spotray.accounts import goodput, ledger, node_records
 from spotray.cli import main
 from spotray.status import format_text, gather
 from spotray.storage import resolve
@@ -33,10 +33,11 @@ def write_run(runs, name: str, price: float | None, interrupted: bool = False) -
         writer.put(ledger.attempt_file(attempts, aid, goodput.STATUS_FILE),
                    json.dumps({"entered_at": entered, "last_seen": last_seen, "max_steps": 100}))
     writer.close(timeout_s=10)
-    facts = {n: nodes.NodeFacts(n, "g5.xlarge", "spot", "us-east-1a", T0 - 7200, 1, price, 1.006 if price else None)
-             for n in ("n1", "n2", "n3")}
-    attempts.child(nodes.NODES_FILE).write_text(json.dumps({n: f.to_dict() for n, f in facts.items()}))
-    attempts.child(nodes.COST_FILE).write_text(json.dumps({"example_prices": False, "warm_spares": 0, "head": None}))
+    facts = {n: node_records.NodeFacts(n, "g5.xlarge", "spot", "us-east-1a", T0 - 7200, 1, price,
+                                       1.006 if price else None) for n in ("n1", "n2", "n3")}
+    attempts.child(node_records.NODES_FILE).write_text(json.dumps({n: f.to_dict() for n, f in facts.items()}))
+    attempts.child(node_records.COST_FILE).write_text(json.dumps({"example_prices": False, "warm_spares": 0,
+                                                                  "head": None}))
 
 
 def test_the_readme_example_prints_a_line_per_run_and_a_total(tmp_path, monkeypatch, capsys):

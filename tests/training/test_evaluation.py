@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from infra.cli import main
-from spotray import ledger
+from spotray.accounts import ledger
 from spotray.evaluation import rank_batches, sample_ids
 from spotray.export import ExportError, export
 from spotray.loop import run_root

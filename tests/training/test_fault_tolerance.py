@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from spotray import cadence, goodput, launch, ledger
+from spotray import cadence, launch
+from spotray.accounts import goodput, ledger
 from spotray.checkpoint import Checkpointer, checkpoints_root, list_committed
 from spotray.errors import StorageError, TrainingFailed
 from spotray.launch import failure_config

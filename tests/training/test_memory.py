@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spotray import goodput, ledger, memory
+from spotray import memory
+from spotray.accounts import goodput, ledger
 from spotray.errors import OutOfMemory
 from spotray.loop import WorkerEnv, run_root, train
 from tests.training.configs import make_config

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from spotray import estimate as command
-from spotray import goodput, ledger, planner, planner_ledger
+from spotray import planner, planner_ledger
+from spotray.accounts import goodput, ledger
 from spotray.errors import SpotrayError
 from spotray.interval import interval_steps
 from spotray.storage import resolve
-from tests.repo import readme_example
+from tests.repo import REPO, readme_example
 
-INTERRUPTED_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "ledger-interrupted"
+INTERRUPTED_RUN = REPO / "tests" / "fixtures" / "ledger-interrupted"
 RUN_EVERY_STEPS = 50  # the demo config's checkpoint.every_steps (the fixture's README)
 
 BASE = planner.Inputs(step_s=2.0, tokens_per_step=1e6, restart_s=300.0, steps=10_000, nodes=(8,),
@@ -233,7 +234,7 @@ def interrupted_ledger(root: Path, kills: int, hours_each: float) -> str:
     """A run on one node a time, killed ``kills`` times after ``hours_each`` hours of 100 steps (a save each 50)."""
     import json as json_
 
-    from spotray import nodes
+    from spotray.accounts import node_records
 
     attempts = resolve(str(root)).child("attempts")
     attempts.child(ledger._RUN_FILE).write_text(json_.dumps({"started_at": 1e9}))
@@ -250,8 +251,8 @@ def interrupted_ledger(root: Path, kills: int, hours_each: float) -> str:
         writer.put(ledger.attempt_file(attempts, aid, goodput.STATUS_FILE), json_.dumps(status))
         at += hours_each * 3600 + 60
     writer.close(timeout_s=10)
-    facts = {f"n{k}": nodes.NodeFacts(f"n{k}", "g5.xlarge", "spot") for k in range(kills + 1)}
-    attempts.child(nodes.NODES_FILE).write_text(json_.dumps({n: f.to_dict() for n, f in facts.items()}))
+    facts = {f"n{k}": node_records.NodeFacts(f"n{k}", "g5.xlarge", "spot") for k in range(kills + 1)}
+    attempts.child(node_records.NODES_FILE).write_text(json_.dumps({n: f.to_dict() for n, f in facts.items()}))
     return str(root)
 
 

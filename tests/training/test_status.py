@@ -17,7 +17,8 @@ import time
 import pytest
 import torch
 
-from spotray import goodput, ledger, status
+from spotray import status
+from spotray.accounts import goodput, ledger
 from spotray.checkpoint import Checkpointer
 from spotray.cli import main
 from spotray.storage import resolve

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray import config, launch, ledger
+from spotray import config, launch
+from spotray.accounts import ledger
 from spotray.errors import ConfigError, TrainingFailed
 from spotray.loop import run_root
 from spotray.tracking import Follower, read_gaps

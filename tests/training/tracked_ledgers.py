@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from spotray import goodput, ledger
+from spotray.accounts import goodput, ledger
 from spotray.storage import Location
 
 LOG_EVERY, EVAL_EVERY = 5, 10

@@ -51,8 +51,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.storage import WriteResult
 
+from spotray.accounts.ledger import new_attempt_id
 from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError
-from spotray.ledger import new_attempt_id
 from spotray.renames import renamed
 from spotray.save_budget import SaveFailureBudget
 from spotray.storage import Location

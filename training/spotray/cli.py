@@ -18,7 +18,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
+from spotray import cost_report, estimate
+from spotray.accounts import aws_prices
 from spotray.errors import SpotrayError
 
 
@@ -126,7 +129,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> None:
     from spotray import demo
-    from spotray.cost import money_text
+    from spotray.accounts.cost import money_text
     from spotray.launch import write_summary
     from spotray.summary import format_table
 
@@ -138,9 +141,8 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         write_summary({k: v for k, v in summary.items() if k != "losses"}, args.json)
 
 
-def _command(sub: argparse._SubParsersAction, name: str, module: str, help: str) -> None:
+def _command(sub: argparse._SubParsersAction, name: str, commands: ModuleType, help: str) -> None:
     """A command whose module declares its arguments (``add_arguments``) and runs it (``run``)."""
-    commands = importlib.import_module(f"spotray.{module}")
     p = sub.add_parser(name, help=help)
     commands.add_arguments(p)
     p.set_defaults(func=commands.run)
@@ -208,11 +210,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_status)
 
-    _command(sub, "cost", "cost_report", "what runs cost: tokens, wall time, goodput, USD, USD per million tokens, "
+    _command(sub, "cost", cost_report, "what runs cost: tokens, wall time, goodput, USD, USD per million tokens, "
              "saving against on-demand")
-    _command(sub, "prices", "aws_prices", "fetch spot (per zone, over time) and on-demand prices from AWS into a "
+    _command(sub, "prices", aws_prices, "fetch spot (per zone, over time) and on-demand prices from AWS into a "
              "prices file a run (cost.prices_file) can name")
-    _command(sub, "estimate", "estimate", "should this run use spot? expected goodput, wall time and USD on spot and "
+    _command(sub, "estimate", estimate, "should this run use spot? expected goodput, wall time and USD on spot and "
              "on-demand, at one or several sizes")
 
     p = sub.add_parser("export", help="a committed checkpoint as a Hugging Face model directory (safetensors)")

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
 
 def runs_at(location: Location) -> list[Location]:
     """``location`` if it is a run, else the runs directly under it."""
-    from spotray import ledger
+    from spotray.accounts import ledger
 
     if ledger.attempts_root(location).is_dir():
         return [location]
@@ -43,7 +43,7 @@ def runs_at(location: Location) -> list[Location]:
 
 
 def row(root: Location) -> dict:
-    from spotray import cost, goodput, ledger
+    from spotray.accounts import cost, goodput, ledger
 
     attempts = ledger.attempts_root(root)
     records = goodput.attempt_records(attempts)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from spotray import config, goodput, ledger
+from spotray import config
+from spotray.accounts import goodput, ledger
 from spotray.data.prepare import prepare
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.errors import TrainingFailed

@@ -148,7 +148,7 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
 
 def _observed_rate(measured: Measured) -> float:
     """The rate the run saw, once ``cost``'s rule trusts it; else one line asking for the pool's."""
-    from spotray.cost import TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS
+    from spotray.accounts.cost import TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS
 
     bill = measured.bill
     assert bill is not None  # inputs_from_run's

@@ -22,7 +22,10 @@ from ray.train.torch import TorchConfig
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from spotray import cost, evaluation, goodput, ledger, memory, script
+from spotray import evaluation, memory, script
+from spotray.accounts import cost, goodput, ledger
+from spotray.accounts.node_records import NodeRecorder
+from spotray.accounts.prices import price_book, read_prices_file
 from spotray.capacity import group_fits, resources_text, worker_group_placement
 from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
@@ -30,8 +33,6 @@ from spotray.console import WORKER_FORMAT
 from spotray.errors import ClusterLost, StorageError, TrainingFailed
 from spotray.head_watch import HeadWatch
 from spotray.loop import WorkerEnv, run_root, train, units_per_step
-from spotray.nodes import NodeRecorder
-from spotray.prices import price_book, read_prices_file
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
 from spotray.runtime_env import enter_working_dir, shipped, worker_runtime_env

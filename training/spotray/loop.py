@@ -21,7 +21,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from spotray import ledger, memory
+from spotray import memory
+from spotray.accounts import ledger
+from spotray.accounts.node_records import this_node
 from spotray.batches import split, to_device
 from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoint import (
@@ -36,7 +38,6 @@ from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
 from spotray.evaluation import Evaluator, open_val_dataset
 from spotray.interval import nominal_every_steps
-from spotray.nodes import this_node
 from spotray.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.parallel import gradient_sync, parallelize
 from spotray.sampler import ElasticSampler

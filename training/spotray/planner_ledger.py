@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotray import cost, goodput, ledger
+from spotray.accounts import cost, goodput, ledger
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.planner import _fail
 from spotray.storage import StorageOptions, resolve

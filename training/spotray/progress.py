@@ -9,14 +9,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spotray import goodput, ledger
+from spotray.accounts import goodput, ledger
 from spotray.errors import SpotrayError
 from spotray.formats import clock, step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:
+    from spotray.accounts.node_records import NodeRecorder
     from spotray.capacity import Placement
-    from spotray.nodes import NodeRecorder
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
 

@@ -1,13 +1,32 @@
-"""What changed names: releases up to 0.1.0 installed this package as ``training``, not ``spotray``."""
+"""What changed names, for what earlier versions wrote (the classes a checkpoint's ``.metadata`` pickles, a task path
+in a config): releases up to 0.1.0 installed this package as ``training``, not ``spotray``; and until they were grouped
+into packages, its modules lay side by side (``spotray.checkpoint``, now ``spotray.checkpoints.dcp``)."""
 
 from __future__ import annotations
 
-_OLD = "training"
+_OLD_PACKAGE = "training"
+# a module of the side-by-side layout (below spotray) -> where it lives now
+MOVED: dict[str, str] = {
+    "ledger": "accounts.ledger", "goodput": "accounts.goodput", "nodes": "accounts.node_records",
+    "cost": "accounts.cost", "prices": "accounts.prices", "aws_prices": "accounts.aws_prices",
+}
 
 
 def renamed(module: str) -> str | None:
-    """The current name of a module of an older release (``training.checkpoint`` -> ``spotray.checkpoint``), or
-    None for any other module."""
-    if module == _OLD or module.startswith(f"{_OLD}."):
-        return f"spotray{module[len(_OLD):]}"
+    """The current name of a module of an older release (``training.checkpoint`` and ``spotray.checkpoint`` ->
+    ``spotray.checkpoints.dcp``), or None for any other module."""
+    package, _, below = module.partition(".")
+    if package == _OLD_PACKAGE:
+        return f"spotray.{_moved(below)}" if below else "spotray"
+    if package == "spotray" and below and _moved(below) != below:
+        return f"spotray.{_moved(below)}"
     return None
+
+
+def _moved(below: str) -> str:
+    parts = below.split(".")
+    for count in range(len(parts), 0, -1):
+        head = ".".join(parts[:count])
+        if head in MOVED:
+            return ".".join([MOVED[head], *parts[count:]])
+    return below

@@ -15,7 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from spotray import ledger, memory
+from spotray import memory
+from spotray.accounts import ledger
 from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoint import Checkpointer, list_committed
 from spotray.config import TrainConfig

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-from spotray import cost, goodput, ledger, memory
+from spotray import memory
+from spotray.accounts import cost, goodput, ledger
 from spotray.checkpoint import (
     FILES_FORMAT,
     CommittedCheckpoint,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spotray.accounts.cost import money_text
 from spotray.config import AUTO
-from spotray.cost import money_text
 
 
 def format_table(summary: dict) -> str:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spotray import goodput, ledger
-from spotray.cost import LiveCost, gauge_figures
+from spotray.accounts import goodput, ledger
+from spotray.accounts.cost import LiveCost, gauge_figures
 from spotray.formats import step_of
 from spotray.storage import Location
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from spotray import config, goodput, ledger
+from spotray import config
+from spotray.accounts import goodput, ledger
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoint import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own

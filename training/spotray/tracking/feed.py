@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spotray import goodput, ledger
+from spotray.accounts import goodput, ledger
 from spotray.storage import Location
 
 

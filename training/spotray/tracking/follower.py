@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from spotray import ledger
+from spotray.accounts import ledger
 from spotray.config import TrainConfig
 from spotray.errors import SpotrayError
 from spotray.storage import Location

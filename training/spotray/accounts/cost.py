@@ -24,9 +24,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TypeVar
 
-from spotray import goodput, ledger, nodes
+from spotray.accounts import goodput, ledger, node_records
+from spotray.accounts.node_records import NodeFacts
 from spotray.errors import StorageError
-from spotray.nodes import NodeFacts
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ def run_cost(attempts_root: Location) -> RunCost:
 
 def ledger_cost(attempts_root: Location, records: list[goodput.AttemptRecord], account: goodput.Account) -> RunCost:
     """``run_cost`` where the attempts are read already: the ledger's node facts and cost settings added."""
-    return cost_of(records, account, nodes.read_nodes(attempts_root), nodes.read_cost_settings(attempts_root))
+    return cost_of(records, account, node_records.read_nodes(attempts_root),
+                   node_records.read_cost_settings(attempts_root))
 
 
 def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, facts: dict[str, NodeFacts],
@@ -249,9 +250,9 @@ class LiveCost:
             current = goodput.AttemptRecord(self.attempt, goodput.read_status(self.root, aid),
                                             ledger.read_steps(self.root, aid))
             records = [*self._prior, current]
-            facts = nodes.read_nodes(self.root)
+            facts = node_records.read_nodes(self.root)
             account = goodput.account_of(records, ledger.run_started_at(self.root))
-            self.latest = cost_of(records, account, facts, nodes.read_cost_settings(self.root))
+            self.latest = cost_of(records, account, facts, node_records.read_cost_settings(self.root))
             self._recorded = set(self.attempt.nodes) <= set(facts)
         except (StorageError, OSError, ValueError, KeyError, TypeError) as exc:
             log.debug("live cost not refreshed: %s", exc)  # the next refresh catches up

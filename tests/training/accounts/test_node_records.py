@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from spotray import config, nodes
-from spotray.prices import price_book
+from spotray import config
+from spotray.accounts import node_records
+from spotray.accounts.prices import price_book
 from spotray.storage import resolve
 
 # GET /api/v1/nodes/NAME of a Karpenter-launched EKS GPU node (trimmed of annotations and conditions).
@@ -34,7 +35,7 @@ EKS_NODE: dict[str, Any] = {
 
 
 def test_a_node_object_gives_instance_type_capacity_type_zone_creation_and_gpus():
-    facts = nodes.facts_from_node_object(EKS_NODE)
+    facts = node_records.facts_from_node_object(EKS_NODE)
     assert (facts.name, facts.instance_type, facts.capacity_type, facts.zone, facts.gpus) == (
         "ip-10-0-113-27.ec2.internal", "g5.12xlarge", "spot", "us-east-1b", 4)
     assert facts.created_at == pytest.approx(1795594443.0)
@@ -42,7 +43,7 @@ def test_a_node_object_gives_instance_type_capacity_type_zone_creation_and_gpus(
 
 def test_a_node_without_karpenters_labels_is_unknown_where_they_are_missing():
     bare = {"metadata": {"name": "n", "labels": {"node.kubernetes.io/instance-type": "m6i.large"}}, "status": {}}
-    facts = nodes.facts_from_node_object(bare)
+    facts = node_records.facts_from_node_object(bare)
     assert facts.instance_type == "m6i.large" and facts.capacity_type is None and facts.gpus is None
 
 
@@ -51,24 +52,24 @@ def test_off_kubernetes_the_recorder_takes_the_configured_node_and_prices_it_onc
     cost = config.CostSection(prices={"g5.xlarge": {"spot": 0.45, "on-demand": 1.006}},
                               node=config.NodeSection("g5.xlarge", "spot"), example_prices=True, warm_spares=1)
     root = resolve(str(tmp_path))
-    recorder = nodes.NodeRecorder(root, cost, price_book(cost, None))
+    recorder = node_records.NodeRecorder(root, cost, price_book(cost, None))
     recorder.record({"ray-a", "ray-b"})
-    recorded = nodes.read_nodes(root)
+    recorded = node_records.read_nodes(root)
     assert set(recorded) == {"ray-a", "ray-b"}
     assert recorded["ray-a"].usd_per_hour == 0.45 and recorded["ray-a"].on_demand_usd_per_hour == 1.006
-    assert nodes.read_cost_settings(root) == {"example_prices": True, "warm_spares": 1, "head": None, "core": None,
-                                              "core_nodes": 0}
-    (tmp_path / nodes.NODES_FILE).write_text(json.dumps({}))  # a node already known is not looked up again
+    assert node_records.read_cost_settings(root) == {"example_prices": True, "warm_spares": 1, "head": None,
+                                                     "core": None, "core_nodes": 0}
+    (tmp_path / node_records.NODES_FILE).write_text(json.dumps({}))  # a node already known is not looked up again
     recorder.record({"ray-a"})
-    assert nodes.read_nodes(root) == {}
+    assert node_records.read_nodes(root) == {}
 
 
 def test_a_node_nothing_describes_is_recorded_unpriced(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     cost = config.CostSection()
     root = resolve(str(tmp_path))
-    nodes.NodeRecorder(root, cost, price_book(cost, None)).record({"ray-a"})
-    assert nodes.read_nodes(root)["ray-a"].usd_per_hour is None
+    node_records.NodeRecorder(root, cost, price_book(cost, None)).record({"ray-a"})
+    assert node_records.read_nodes(root)["ray-a"].usd_per_hour is None
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def api_server(tmp_path, monkeypatch):
     context.load_cert_chain(account / "ca.crt", tmp_path / "key.pem")
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(nodes, "_SERVICE_ACCOUNT", account)
+    monkeypatch.setattr(node_records, "_SERVICE_ACCOUNT", account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.server_address[1]))
     yield seen
@@ -113,13 +114,13 @@ def api_server(tmp_path, monkeypatch):
 
 
 def test_on_kubernetes_the_node_is_read_with_the_pods_service_account(api_server):
-    assert nodes.in_kubernetes()
-    facts = nodes.kubernetes_node(EKS_NODE["metadata"]["name"])
+    assert node_records.in_kubernetes()
+    facts = node_records.kubernetes_node(EKS_NODE["metadata"]["name"])
     assert facts is not None
     assert facts.instance_type == "g5.12xlarge" and facts.zone == "us-east-1b"
     assert api_server == [(f"/api/v1/nodes/{EKS_NODE['metadata']['name']}", "Bearer pod-token")]
 
 
 def test_a_node_the_api_does_not_return_is_unknown_with_a_warning_naming_the_role(api_server, caplog):
-    assert nodes.kubernetes_node("gone") is None
+    assert node_records.kubernetes_node("gone") is None
     assert "spotray-node-reader" in caplog.text

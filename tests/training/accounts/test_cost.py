@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotray import cost, goodput, ledger
-from spotray.nodes import NodeFacts
+from spotray.accounts import cost, goodput, ledger
+from spotray.accounts.node_records import NodeFacts
 
 T0 = 1_000_000.0
 SPOT, ON_DEMAND = 1.0, 3.0  # USD per hour
@@ -113,7 +113,7 @@ def test_the_live_cost_waits_for_the_drivers_node_record_then_prices_the_attempt
     import json
     import time
 
-    from spotray import nodes
+    from spotray.accounts import node_records
     from spotray.storage import resolve
 
     root = resolve(str(tmp_path))
@@ -129,7 +129,7 @@ def test_the_live_cost_waits_for_the_drivers_node_record_then_prices_the_attempt
             return live.latest
 
     assert refreshed(time.time()).usd is None  # the driver has not recorded the node yet
-    root.child(nodes.NODES_FILE).write_text(json.dumps({"n1": node("n1", T0).to_dict()}))
+    root.child(node_records.NODES_FILE).write_text(json.dumps({"n1": node("n1", T0).to_dict()}))
     assert refreshed(time.time()).usd is None  # not due yet
     assert refreshed(time.time() + cost.UNRECORDED_REFRESH_S).usd == pytest.approx(SPOT)
     assert refreshed(time.time() + 3 * cost.UNRECORDED_REFRESH_S).usd == pytest.approx(SPOT)

@@ -1,6 +1,6 @@
 """Prices from AWS, and the ``spotray prices`` command that writes them to a prices file: spot prices per zone
 from EC2's ``DescribeSpotPriceHistory``, on-demand prices from the Pricing API. A run reads that file through
-``spotray.prices``; boto3 is imported only when AWS is called.
+``spotray.accounts.prices``; boto3 is imported only when AWS is called.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from spotray.accounts.prices import REGION, _is_instance_type, _number, check_prices_file
 from spotray.errors import SpotrayError
-from spotray.prices import REGION, _is_instance_type, _number, check_prices_file
 
 PRODUCT_DESCRIPTION = "Linux/UNIX"
 MAX_DAYS = 90  # how far back DescribeSpotPriceHistory goes

@@ -2,8 +2,9 @@
 
 Every worker names its node when an attempt starts (``this_node``; rank 0 records the names in the attempt). The
 driver looks each new node up once: on Kubernetes, read-only through the API with the pod's service account (the
-labels Karpenter and EKS set), elsewhere from ``cost.node``; it prices the node then (``spotray.prices``), so nothing
-calls a price source per step, and writes the facts to the ledger, where every figure of the run's cost is read.
+labels Karpenter and EKS set), elsewhere from ``cost.node``; it prices the node then (``spotray.accounts.prices``), so
+nothing calls a price source per step, and writes the facts to the ledger, where every figure of the run's cost is
+read.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def configured_node(name: str, section: NodeSection) -> NodeFacts:
 
 
 def priced(facts: NodeFacts, book, at: float) -> NodeFacts:
-    """``facts`` with its prices from ``book`` (``spotray.prices.PriceBook``) at time ``at``."""
+    """``facts`` with its prices from ``book`` (``spotray.accounts.prices.PriceBook``) at time ``at``."""
     if not facts.instance_type or not facts.capacity_type:
         return facts
     price = book.hourly(facts.instance_type, facts.capacity_type, facts.zone, at)

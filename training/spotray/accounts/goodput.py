@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from spotray import ledger
+from spotray.accounts import ledger
 from spotray.storage import Location
 
 STATUS_FILE = "status.json"

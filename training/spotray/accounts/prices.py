@@ -1,6 +1,6 @@
 """What an hour of an instance costs, from three sources, by precedence: ``cost.prices`` in the run config,
 Karpenter's own estimates (read from the Prometheus that scrapes it), and a prices file that ``spotray prices``
-wrote (``spotray.aws_prices``: spot prices per zone from EC2's ``DescribeSpotPriceHistory``, on-demand
+wrote (``spotray.accounts.aws_prices``: spot prices per zone from EC2's ``DescribeSpotPriceHistory``, on-demand
 prices from the Pricing API).
 
 A run builds its ``PriceBook`` once (``price_book``): nothing here calls AWS or Prometheus per step. An
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from spotray.errors import NotFound, SpotrayError
 
-if TYPE_CHECKING:  # the CLI imports spotray.aws_prices, which imports this module: it stays light (no pyarrow)
+if TYPE_CHECKING:  # the CLI imports spotray.accounts.aws_prices, which imports this module: it stays light (no pyarrow)
     from spotray.config import CostSection
     from spotray.storage import StorageOptions
 
@@ -34,7 +34,7 @@ SOURCES = ("config", "karpenter", "prices file")  # by precedence
 _warned: set[str] = set()  # Prometheus URLs already warned about
 
 
-# --- shared checks (spotray.aws_prices uses them too) --------------------------------------------------------------
+# --- shared checks (spotray.accounts.aws_prices uses them too) ----------------------------------------------------
 
 def _is_instance_type(name: Any) -> bool:
     from spotray.config import INSTANCE_TYPE

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from spotray import goodput, ledger, progress
+from spotray import progress
+from spotray.accounts import goodput, ledger
 from spotray.progress import ProgressMonitor
 from spotray.storage import resolve
 from spotray.telemetry import RankZeroTelemetry

@@ -18,19 +18,19 @@ import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 
 import boto3
 import pytest
 from botocore.config import Config
 from botocore.stub import ANY, Stubber
 
-from spotray import aws_prices, prices
+from spotray.accounts import aws_prices, prices
 from spotray.config import CostSection
 from spotray.errors import SpotrayError
 from tests.monitoring.prom import binary
+from tests.repo import REPO
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prices"
+FIXTURES = REPO / "tests" / "fixtures" / "prices"
 NOW = datetime(2026, 11, 21, tzinfo=UTC).timestamp()
 WEEK_AGO = datetime(2026, 11, 14, tzinfo=UTC)
 LINUX_FILTERS = {"operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}
@@ -345,7 +345,7 @@ def test_karpenter_estimates_ask_prometheus_for_the_metric(recorded_prometheus):
 def test_an_unreachable_prometheus_is_a_warning_once_and_no_estimates(monkeypatch, caplog):
     monkeypatch.setattr(prices, "_warned", set())
     url = f"http://127.0.0.1:{free_port()}"
-    with caplog.at_level(logging.WARNING, logger="spotray.prices"):
+    with caplog.at_level(logging.WARNING, logger="spotray.accounts.prices"):
         assert prices.karpenter_estimates(url) == {}
         assert prices.karpenter_estimates(url) == {}
     assert len(caplog.records) == 1
