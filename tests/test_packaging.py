@@ -23,7 +23,7 @@ from tests.training.runs import train_locally
 
 RELEASE_0_1_RUN = REPO / "tests" / "fixtures" / "run-0.1.0"  # written by spotray 0.1.0: tiny GPT, 4 steps, 1 worker
 # Written at 9a2ea7f, the settings below, when every module lay flat in spotray/: its .metadata names
-# spotray.checkpoint classes; written.json holds its parameters' SHA-256.
+# spotray.checkpoints.dcp classes; written.json holds its parameters' SHA-256.
 FLAT_PACKAGE_RUN = REPO / "tests" / "fixtures" / "run-flat-package"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from spotray import config
 from spotray.accounts import ledger
-from spotray.checkpoint import checkpoints_root, list_committed, read_model_record
+from spotray.checkpoints.dcp import checkpoints_root, list_committed, read_model_record
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve

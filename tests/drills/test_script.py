@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spotray.accounts import ledger
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster
 from spotray.examples import accelerate_loop, hf_finetune
 from spotray.storage import Location, resolve

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spotray.accounts import ledger
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.examples import hf_finetune
 from spotray.storage import resolve
 from tests.training.runs import cli_env

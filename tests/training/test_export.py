@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotray.checkpoint import Checkpointer
+from spotray.checkpoints.dcp import Checkpointer
 from spotray.export import export
 from spotray.loop import WorkerEnv, build_parts, run_root
 from tests.repo import REPO

@@ -12,7 +12,7 @@ import torch
 
 from spotray import cadence, launch
 from spotray.accounts import goodput, ledger
-from spotray.checkpoint import Checkpointer, checkpoints_root, list_committed
+from spotray.checkpoints.dcp import Checkpointer, checkpoints_root, list_committed
 from spotray.errors import StorageError, TrainingFailed
 from spotray.launch import failure_config
 from spotray.loop import WorkerEnv, _survive_preemption

@@ -64,7 +64,7 @@ def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
 def _train_with_saves_slower_from(rank: int, world_size: int, config: dict, slow_from: int, extra_s: float) -> list:
     """A rank of the drill below: rank 1's saves get ``extra_s`` slower from step ``slow_from``; returns each
     checkpoint's step and the interval chosen after it."""
-    from spotray.checkpoint import Checkpointer
+    from spotray.checkpoints.dcp import Checkpointer
     from spotray.drills.process_group import train_worker
 
     save, checkpointed, seen = Checkpointer.save, CheckpointInterval.checkpointed, []

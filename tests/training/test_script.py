@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.cli import main
-from spotray.checkpoint import COMMIT_MARKER, FILES_FORMAT
+from spotray.checkpoints.dcp import COMMIT_MARKER, FILES_FORMAT
 from spotray.errors import ConfigError, SpotrayError
 from tests.training.runs import cli_env
 

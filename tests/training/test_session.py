@@ -19,10 +19,10 @@ import torch
 import spotray
 from spotray import config, session
 from spotray.cadence import Cadence
-from spotray.checkpoint import COMMIT_MARKER, checkpoints_root, list_committed
+from spotray.checkpoints.dcp import COMMIT_MARKER, checkpoints_root, list_committed
+from spotray.checkpoints.script_files import FilesPrefetch
 from spotray.drills.process_group import run_on_process_group
 from spotray.errors import ConfigError
-from spotray.files_checkpoint import FilesPrefetch
 from spotray.loop import WorkerEnv
 from spotray.storage import resolve
 
@@ -48,15 +48,15 @@ def write_files(directory: Path, rank: int, step: int) -> None:
 def commit_worker(rank: int, world_size: int, raw: dict, dirs: list[str], slow_rank: int | None) -> dict:
     """Each rank writes to its own directory (its node's disk) and commits step 10."""
     if rank == slow_rank:  # this rank's upload ends last: the marker must still come after it
-        from spotray import files_checkpoint
+        from spotray.checkpoints import script_files
 
-        put = files_checkpoint._put
+        put = script_files._put
 
         def slow_put(source, target):
             time.sleep(1.0)
             return put(source, target)
 
-        files_checkpoint._put = slow_put
+        script_files._put = slow_put
     current = open_session(rank, world_size, raw)
     current.restore(str(Path(dirs[rank]).parent / "restored"))
     write_files(Path(dirs[rank]), rank, 10)
@@ -109,7 +109,7 @@ def prefetching_restore_worker(rank: int, world_size: int, raw: dict, shared_dir
     messages: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]  # a stub emit
-    logger = logging.getLogger("spotray.files_checkpoint")
+    logger = logging.getLogger("spotray.checkpoints.script_files")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     current = open_session(rank, world_size, raw)

@@ -19,7 +19,7 @@ import torch
 
 from spotray import status
 from spotray.accounts import goodput, ledger
-from spotray.checkpoint import Checkpointer
+from spotray.checkpoints.dcp import Checkpointer
 from spotray.cli import main
 from spotray.storage import resolve
 from tests.repo import REPO

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spotray import config, launch, loop
-from spotray.checkpoint import read_model_record
+from spotray.checkpoints.dcp import read_model_record
 from spotray.drills.process_group import train_on_process_group
 from spotray.errors import TrainingFailed
 from spotray.examples import conv_lm

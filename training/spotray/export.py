@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from spotray import weights_file
-from spotray.checkpoint import (
+from spotray.checkpoints import safetensors_file
+from spotray.checkpoints.dcp import (
     FILES_FORMAT,
     CommittedCheckpoint,
     best_checkpoint,
@@ -135,7 +135,7 @@ def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], ren
                 raise ExportError(str(exc)) from None
             name = WEIGHTS if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             local = Path(scratch, name)
-            weights_file.write(tensors, str(local))
+            safetensors_file.write(tensors, str(local))
             out_dir.child(name).put_file(str(local))
             local.unlink()
             weight_map.update(dict.fromkeys(tensors, name))

@@ -27,7 +27,7 @@ from spotray.accounts import cost, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
 from spotray.capacity import group_fits, resources_text, worker_group_placement
-from spotray.checkpoint import best_checkpoint, checkpoints_root, list_committed
+from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.console import WORKER_FORMAT
 from spotray.errors import ClusterLost, StorageError, TrainingFailed

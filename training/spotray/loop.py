@@ -26,7 +26,7 @@ from spotray.accounts import ledger
 from spotray.accounts.node_records import this_node
 from spotray.batches import split, to_device
 from spotray.cadence import Cadence, move_or_wait, too_short
-from spotray.checkpoint import (
+from spotray.checkpoints.dcp import (
     Checkpointer,
     CommittedCheckpoint,
     RestorePrefetch,

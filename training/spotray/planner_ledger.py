@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.accounts import cost, goodput, ledger
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.planner import _fail
 from spotray.storage import StorageOptions, resolve
 

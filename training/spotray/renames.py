@@ -1,6 +1,6 @@
 """What changed names, for what earlier versions wrote (the classes a checkpoint's ``.metadata`` pickles, a task path
 in a config): releases up to 0.1.0 installed this package as ``training``, not ``spotray``; and until they were grouped
-into packages, its modules lay side by side (``spotray.checkpoint``, now ``spotray.checkpoints.dcp``)."""
+into packages, its modules lay side by side (``spotray.checkpoints.dcp``, now ``spotray.checkpoints.dcp``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ _OLD_PACKAGE = "training"
 MOVED: dict[str, str] = {
     "ledger": "accounts.ledger", "goodput": "accounts.goodput", "nodes": "accounts.node_records",
     "cost": "accounts.cost", "prices": "accounts.prices", "aws_prices": "accounts.aws_prices",
+    "checkpoint": "checkpoints.dcp", "files_checkpoint": "checkpoints.script_files",
+    "save_budget": "checkpoints.save_retries", "weights_file": "checkpoints.safetensors_file",
 }
 
 
 def renamed(module: str) -> str | None:
-    """The current name of a module of an older release (``training.checkpoint`` and ``spotray.checkpoint`` ->
+    """The current name of a module of an older release (``training.checkpoint`` and ``spotray.checkpoints.dcp`` ->
     ``spotray.checkpoints.dcp``), or None for any other module."""
     package, _, below = module.partition(".")
     if package == _OLD_PACKAGE:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from spotray import session as sessions
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError, TrainingFailed
 from spotray.loop import WorkerEnv

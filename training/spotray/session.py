@@ -18,10 +18,10 @@ from pathlib import Path
 from spotray import memory
 from spotray.accounts import ledger
 from spotray.cadence import Cadence, move_or_wait, too_short
-from spotray.checkpoint import Checkpointer, list_committed
+from spotray.checkpoints.dcp import Checkpointer, list_committed
+from spotray.checkpoints.script_files import FilesCheckpoints, FilesPrefetch
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError
-from spotray.files_checkpoint import FilesCheckpoints, FilesPrefetch
 from spotray.interval import nominal_every_steps
 from spotray.loop import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.telemetry import RankZeroTelemetry, Telemetry

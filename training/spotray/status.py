@@ -11,7 +11,7 @@ import time
 
 from spotray import memory
 from spotray.accounts import cost, goodput, ledger
-from spotray.checkpoint import (
+from spotray.checkpoints.dcp import (
     FILES_FORMAT,
     CommittedCheckpoint,
     best_checkpoint,

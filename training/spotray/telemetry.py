@@ -17,7 +17,7 @@ from spotray.formats import step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:
-    from spotray.checkpoint import CommittedCheckpoint
+    from spotray.checkpoints.dcp import CommittedCheckpoint
 
 log = logging.getLogger(__name__)
 

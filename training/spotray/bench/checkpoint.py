@@ -22,7 +22,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from spotray import config
 from spotray.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
-from spotray.checkpoint import Checkpointer
+from spotray.checkpoints.dcp import Checkpointer
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.launch import root_cause

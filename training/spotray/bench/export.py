@@ -13,7 +13,7 @@ from spotray.drills.process_group import train_on_process_group
 
 _MEASURE = """
 import json, math, resource, sys, time
-from spotray.checkpoint import checkpoints_root, list_committed, model_tensors
+from spotray.checkpoints.dcp import checkpoints_root, list_committed, model_tensors
 from spotray.export import export
 from spotray.storage import resolve
 run, out = sys.argv[1:3]

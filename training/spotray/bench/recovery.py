@@ -31,7 +31,7 @@ import yaml
 from spotray import config
 from spotray.accounts import goodput, ledger
 from spotray.bench.common import bench_corpus, machine, new_workdir
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError

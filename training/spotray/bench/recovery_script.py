@@ -40,11 +40,11 @@ from spotray.bench.recovery import (
     progress_file,
     spotray_job,
 )
+from spotray.checkpoints.script_files import RESTORED_MARK
 from spotray.config import MODEL_PRESETS
 from spotray.drills.cluster import LocalCluster, ReusedCluster
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
-from spotray.files_checkpoint import RESTORED_MARK
 from spotray.storage import StorageOptions, resolve
 
 STEPS_OVER_EVERY = 6  # a run's steps over its checkpoint interval: the kill lands before the first run ends

@@ -29,7 +29,7 @@ import psutil
 from spotray import config
 from spotray import status as run_status
 from spotray.bench.common import bench_corpus, machine, new_workdir
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.outage import OutageProxy
 from spotray.drills.process_group import train_on_process_group

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
+from spotray.checkpoints.safetensors_file import TensorEntry, WeightsReader
 from spotray.errors import ConfigError, StorageError
 from spotray.storage import Location
-from spotray.weights_file import TensorEntry, WeightsReader
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 READ_THREADS = 8

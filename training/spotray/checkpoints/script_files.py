@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from spotray.checkpoint import (
+from spotray.checkpoints.dcp import (
     COMMIT_MARKER,
     FILES_FORMAT,
     Checkpointer,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from spotray import status
-from spotray.checkpoint import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.export import ExportError, export
 from spotray.loop import run_root
 from tests.training.configs import make_config

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from spotray import checkpoint
-from spotray.checkpoint import (
+from spotray.checkpoints import dcp
+from spotray.checkpoints.dcp import (
     COMMIT_MARKER,
     Checkpointer,
     RestorePrefetch,
@@ -96,7 +96,7 @@ def test_corrupted_checkpoint_is_skipped_and_the_previous_one_used(run_root, vic
     with caplog.at_level(logging.WARNING):
         assert restore(run_root) == (10, 10.0)
     [warning] = [r.getMessage() for r in caplog.records
-                 if r.levelno == logging.WARNING and r.name == "spotray.checkpoint"]
+                 if r.levelno == logging.WARNING and r.name == "spotray.checkpoints.dcp"]
     assert warning.startswith(f"checkpoint step 20 cannot be read ({target.url} is corrupted: ")
     # The error's own message: what differs, found against recorded, never a line of source code.
     found_and_recorded = {("__0_0.distcp", "flip"): r"item box\.t \(bytes 0-16384\) has CRC32 \w{8}, \.metadata "
@@ -196,7 +196,7 @@ def test_retention_keeps_last_n_committed_and_drops_older_partials(run_root, asy
 def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retention_is(tmp_path, monkeypatch):
     """The next save waits for the last commit's retention, and removes what a failed save left."""
     run_root = resolve(str(tmp_path / "run"))
-    apply_retention, save = checkpoint.Checkpointer._apply_retention, checkpoint.dcp.save
+    apply_retention, save = dcp.Checkpointer._apply_retention, dcp.dcp.save
     held = []
 
     def slow_retention(self, newest):
@@ -210,8 +210,8 @@ def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retenti
             raise OSError("storage went away")
         return save(state, storage_writer=storage_writer, **kwargs)
 
-    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", slow_retention)
-    monkeypatch.setattr(checkpoint.dcp, "save", counting_save)
+    monkeypatch.setattr(dcp.Checkpointer, "_apply_retention", slow_retention)
+    monkeypatch.setattr(dcp.dcp, "save", counting_save)
     ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
     for step in (10, 20, 30, 35, 40, 50):
         ckpt.save(step, {"box": Box(float(step))})
@@ -223,27 +223,27 @@ def test_storage_holds_at_most_keep_last_when_a_save_starts_however_slow_retenti
 def _retention_fails_in(outage: dict, monkeypatch) -> None:
     """Retention fails while ``outage["on"]``, from the commit of step 30 on: the retention of 20 may still be running
     in its thread when a test cuts storage off."""
-    apply_retention = checkpoint.Checkpointer._apply_retention
+    apply_retention = dcp.Checkpointer._apply_retention
 
     def retention(self, newest):
         if outage["on"] and newest >= 30:
             raise StorageError("cannot list: storage went away")
         apply_retention(self, newest)
 
-    monkeypatch.setattr(checkpoint.Checkpointer, "_apply_retention", retention)
+    monkeypatch.setattr(dcp.Checkpointer, "_apply_retention", retention)
 
 
 def test_a_retention_that_failed_in_an_outage_is_done_before_the_next_save_writes(tmp_path, monkeypatch):
     """Old checkpoints it could not delete would otherwise stay beside the new save until the next commit."""
     run_root = resolve(str(tmp_path / "run"))
-    save, held, outage = checkpoint.dcp.save, [], {"on": False}
+    save, held, outage = dcp.dcp.save, [], {"on": False}
 
     def counting_save(state, storage_writer, **kwargs):
         held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
         return save(state, storage_writer=storage_writer, **kwargs)
 
     _retention_fails_in(outage, monkeypatch)
-    monkeypatch.setattr(checkpoint.dcp, "save", counting_save)
+    monkeypatch.setattr(dcp.dcp, "save", counting_save)
     ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
     for step in (10, 20):
         ckpt.save(step, {"box": Box(float(step))})
@@ -260,14 +260,14 @@ def test_a_save_while_retention_still_cannot_delete_fails_without_writing_and_th
                                                                                                      monkeypatch):
     """Writing beside what retention could not delete would hold keep_last + 2 folders (the soak saw 5 of 4)."""
     run_root = resolve(str(tmp_path / "run"))
-    write_data, held, outage = checkpoint._CommittingWriter.write_data, [], {"on": False}
+    write_data, held, outage = dcp._CommittingWriter.write_data, [], {"on": False}
 
     def counting_write(self, plan, planner):
         held.append(sorted(n for n in run_root.child("checkpoints").list_names() if n.startswith("step_")))
         return write_data(self, plan, planner)
 
     _retention_fails_in(outage, monkeypatch)
-    monkeypatch.setattr(checkpoint._CommittingWriter, "write_data", counting_write)
+    monkeypatch.setattr(dcp._CommittingWriter, "write_data", counting_write)
     ckpt = Checkpointer(run_root, keep_last=2, rank=0, world_size=1)
     for step in (10, 20):
         ckpt.save(step, {"box": Box(float(step))})

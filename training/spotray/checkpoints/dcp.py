@@ -52,9 +52,9 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.storage import WriteResult
 
 from spotray.accounts.ledger import new_attempt_id
+from spotray.checkpoints.save_retries import SaveFailureBudget
 from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError
 from spotray.renames import renamed
-from spotray.save_budget import SaveFailureBudget
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spotray.save_budget import MAX_FINAL_WAIT_S, SaveFailureBudget
+from spotray.checkpoints.save_retries import MAX_FINAL_WAIT_S, SaveFailureBudget
 
 
 def next_try_after(budget: SaveFailureBudget, step: int) -> int:
