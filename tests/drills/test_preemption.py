@@ -17,7 +17,7 @@ from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve
 from tests.console import assert_quiet_console
-from tests.training.test_hf import TINY
+from tests.training.tasks.test_hf_causal_lm import TINY
 
 MAX_STEPS = 120
 

@@ -15,7 +15,7 @@ import pytest
 
 from spotray.bench.prepare import train_bpe, write_corpus
 from spotray.data.prepare import prepare
-from tests.training.test_prepare import PrepareFields, dataset_digests
+from tests.training.data.test_prepare import PrepareFields, dataset_digests
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 SETTINGS: PrepareFields = {"chunk_mb": 1.0, "shard_tokens": 1 << 16}

@@ -53,7 +53,7 @@ def test_yaml_file_then_overrides(tmp_path):
 ])
 def test_invalid_values_name_the_field(pairs, field):
     if field is None:  # caught when the model is shaped, not by the config alone
-        from spotray.model import GPTShape
+        from spotray.tasks.gpt_model import GPTShape
 
         with pytest.raises(ConfigError, match="model.n_head"):
             GPTShape.from_config(load(*pairs).model, 257, 32)

@@ -19,7 +19,7 @@ from spotray.loop import WorkerEnv, build_parts, run_root
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
-from tests.training.test_hf import TINY
+from tests.training.tasks.test_hf_causal_lm import TINY
 
 MODELS = {"gpt": None, "llama": {"hf": {"config": TINY["llama"]}}, "gpt2": {"hf": {"config": TINY["gpt2"]}}}
 
@@ -105,7 +105,7 @@ def test_a_url_that_is_not_a_run_is_refused(tmp_path):
 def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
     from spotray.data.prepare import prepare
     from tests.corpus import write_corpus
-    from tests.training.test_data import train_bpe
+    from tests.training.data.test_data import train_bpe
 
     corpus = write_corpus(tmp_path / "corpus", documents=8)
     train_bpe(tmp_path / "tok", [p.read_text() for p in sorted(Path(corpus).iterdir())])

@@ -7,8 +7,8 @@ import copy
 import torch
 
 from spotray.config import ModelSection, TrainSection
-from spotray.model import GPT, GPTShape
 from spotray.optim import allocate_state, build_optimizer, lr_factor
+from spotray.tasks.gpt_model import GPT, GPTShape
 
 
 def model_and_optimizer() -> tuple[GPT, torch.optim.Optimizer]:

@@ -11,6 +11,7 @@ MOVED: dict[str, str] = {
     "cost": "accounts.cost", "prices": "accounts.prices", "aws_prices": "accounts.aws_prices",
     "checkpoint": "checkpoints.dcp", "files_checkpoint": "checkpoints.script_files",
     "save_budget": "checkpoints.save_retries", "weights_file": "checkpoints.safetensors_file",
+    "model": "tasks.gpt_model", "tasks.hf": "tasks.hf_causal_lm", "data.progress": "data.prepare_progress",
 }
 
 

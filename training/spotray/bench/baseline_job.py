@@ -23,9 +23,9 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from spotray.config import from_dict
 from spotray.data.dataset import TokenDataset
-from spotray.model import GPT, GPTShape
 from spotray.optim import build_optimizer
 from spotray.storage import resolve
+from spotray.tasks.gpt_model import GPT, GPTShape
 
 
 def train_fn(job: dict) -> None:

@@ -80,7 +80,7 @@ def _mfu(cfg: config.TrainConfig, tokens_per_s: float) -> float | None:
 
 
 def _hf_name(cfg: config.TrainConfig) -> str:
-    from spotray.tasks.hf import HFTask  # the task load_task builds for model.kind hf
+    from spotray.tasks.hf_causal_lm import HFTask  # the task load_task builds for model.kind hf
 
     return f"hf:{HFTask(cfg).config.model_type}"
 

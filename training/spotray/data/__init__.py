@@ -1,5 +1,7 @@
 """Tokenized datasets: ``prepare`` turns text into token shards, ``TokenDataset`` reads them back.
 
-Import from the submodules (``training.data.prepare``, ``training.data.dataset``) so that preparing data does
+Import from the submodules (``spotray.data.prepare``, ``spotray.data.dataset``) so that preparing data does
 not import torch.
+
+May import: the base modules at the package's root, ``spotray.accounts`` and ``spotray.checkpoints``.
 """

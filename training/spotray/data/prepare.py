@@ -42,7 +42,7 @@ from spotray.data.index import (
     read_index,
     val_split_url,
 )
-from spotray.data.progress import PrepareProgress
+from spotray.data.prepare_progress import PrepareProgress
 from spotray.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
 from spotray.data.tokenizer import load_tokenizer
 from spotray.errors import DataError, StorageError

@@ -3,6 +3,8 @@
 A task is built once per process from the run's ``TrainConfig``. The built-in GPT (``gpt``), a Hugging Face
 Transformers causal LM (``hf``) and a user's task (``model.task: package.module:factory``) all implement ``Task``.
 The rules a task keeps so that resume is exact and data is consumed exactly once are in docs/own-model.md.
+
+May import: the base modules at the package's root, ``spotray.accounts``, ``spotray.checkpoints`` and ``spotray.data``.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def load_task(cfg: TrainConfig) -> Task:
 
         return GPTTask(cfg)
     if kind == "hf":
-        from spotray.tasks.hf import HFTask
+        from spotray.tasks.hf_causal_lm import HFTask
 
         return HFTask(cfg)
     return _user_task(cfg)

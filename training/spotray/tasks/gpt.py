@@ -6,9 +6,9 @@ from typing import cast
 
 import torch
 
-from spotray.model import GPT, GPTShape
 from spotray.tasks import ExportSpec
 from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
+from spotray.tasks.gpt_model import GPT, GPTShape
 
 
 class GPTTask(LanguageModelTask):

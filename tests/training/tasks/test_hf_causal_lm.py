@@ -86,7 +86,7 @@ def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) ->
     from spotray.config import from_dict
     from spotray.loop import WorkerEnv, build_parts
     from spotray.storage import resolve
-    from spotray.tasks.hf import HFTask
+    from spotray.tasks.hf_causal_lm import HFTask
     from spotray.tasks.pretrained import load_sharded
 
     cfg = from_dict(config)

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from spotray.config import ModelSection
-from spotray.model import GPT, Block, GPTShape
+from spotray.tasks.gpt_model import GPT, Block, GPTShape
 
 
 def tiny(**kw) -> GPT:

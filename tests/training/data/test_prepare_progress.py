@@ -1,7 +1,7 @@
 import io
 
-from spotray.data import progress as progress_module
-from spotray.data.progress import PrepareProgress
+from spotray.data import prepare_progress as progress_module
+from spotray.data.prepare_progress import PrepareProgress
 
 
 class Terminal(io.StringIO):
