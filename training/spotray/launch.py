@@ -22,7 +22,7 @@ from ray.train.torch import TorchConfig
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from spotray import evaluation, memory, script
+from spotray import memory, script
 from spotray.accounts import cost, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
@@ -36,6 +36,7 @@ from spotray.loop import WorkerEnv, run_root, train, units_per_step
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
 from spotray.runtime_env import enter_working_dir, shipped, worker_runtime_env
+from spotray.step import evaluation
 from spotray.storage import Location, resolve
 from spotray.tasks import Task, load_task
 from spotray.tracking import Follower, check_installed, read_gaps

@@ -24,7 +24,6 @@ from torch.distributed.tensor import DTensor
 from spotray import memory
 from spotray.accounts import ledger
 from spotray.accounts.node_records import this_node
-from spotray.batches import split, to_device
 from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoints.dcp import (
     Checkpointer,
@@ -36,11 +35,12 @@ from spotray.checkpoints.dcp import (
 )
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
-from spotray.evaluation import Evaluator, open_val_dataset
 from spotray.interval import nominal_every_steps
-from spotray.optim import allocate_state, build_optimizer, build_scheduler
-from spotray.parallel import gradient_sync, parallelize
-from spotray.sampler import ElasticSampler
+from spotray.step.batches import split, to_device
+from spotray.step.evaluation import Evaluator, open_val_dataset
+from spotray.step.optim import allocate_state, build_optimizer, build_scheduler
+from spotray.step.parallel import gradient_sync, parallelize
+from spotray.step.sampler import ElasticSampler
 from spotray.storage import Location, resolve
 from spotray.tasks import Samples, Task, TaskError, load_task
 from spotray.telemetry import RankZeroTelemetry, Telemetry, peak_flops

@@ -12,6 +12,8 @@ MOVED: dict[str, str] = {
     "checkpoint": "checkpoints.dcp", "files_checkpoint": "checkpoints.script_files",
     "save_budget": "checkpoints.save_retries", "weights_file": "checkpoints.safetensors_file",
     "model": "tasks.gpt_model", "tasks.hf": "tasks.hf_causal_lm", "data.progress": "data.prepare_progress",
+    "sampler": "step.sampler", "batches": "step.batches", "optim": "step.optim", "parallel": "step.parallel",
+    "evaluation": "step.evaluation",
 }
 
 

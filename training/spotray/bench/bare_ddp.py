@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from spotray.config import from_dict
-from spotray.optim import build_optimizer
-from spotray.sampler import ElasticSampler
+from spotray.step.optim import build_optimizer
+from spotray.step.sampler import ElasticSampler
 from spotray.tasks import load_task
 
 

@@ -23,7 +23,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from spotray.config import from_dict
 from spotray.data.dataset import TokenDataset
-from spotray.optim import build_optimizer
+from spotray.step.optim import build_optimizer
 from spotray.storage import resolve
 from spotray.tasks.gpt_model import GPT, GPTShape
 

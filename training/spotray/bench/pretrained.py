@@ -53,7 +53,7 @@ def _sharded_load(rank: int, world_size: int, config_dict: dict) -> list[tuple[i
     """Every rank's (bytes read, seconds) for loading the pretrained weights into its FSDP shards."""
     import torch.distributed as dist
 
-    from spotray.parallel import parallelize
+    from spotray.step.parallel import parallelize
     from spotray.tasks import load_task
 
     cfg = config.from_dict(config_dict)

@@ -1,8 +1,8 @@
 """The task seam: what the loop, launcher and telemetry need to know about a model and its data.
 
 A task is built once per process from the run's ``TrainConfig``. The built-in GPT (``gpt``), a Hugging Face
-Transformers causal LM (``hf``) and a user's task (``model.task: package.module:factory``) all implement ``Task``.
-The rules a task keeps so that resume is exact and data is consumed exactly once are in docs/own-model.md.
+Transformers causal LM (``hf_causal_lm``) and a user's task (``model.task: package.module:factory``) all implement
+``Task``. The rules a task keeps so that resume is exact and data is consumed exactly once are in docs/own-model.md.
 
 May import: the base modules at the package's root, ``spotray.accounts``, ``spotray.checkpoints`` and ``spotray.data``.
 """

@@ -1,5 +1,7 @@
 """Experiment trackers (MLflow, Weights & Biases, TensorBoard): the driver logs one tracker run per spotray run,
-read from the run's ledger, so workers need no tracker library or credentials (see ``follower.py``)."""
+read from the run's ledger, so workers need no tracker library or credentials (see ``follower.py``).
+
+May import: the base modules at the package's root and ``spotray.accounts``."""
 
 from spotray.tracking.follower import Follower
 from spotray.tracking.libraries import check_installed

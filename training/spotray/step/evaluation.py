@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
-from spotray.batches import to_device
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError
+from spotray.step.batches import to_device
 from spotray.tasks import Samples, Task
 
 Metrics = dict[str, tuple[torch.Tensor, torch.Tensor | int]]  # name -> (sum, count) over one batch

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from spotray.drills.process_group import run_on_process_group
-from spotray.parallel import parallelize
+from spotray.step.parallel import parallelize
 
 
 def _first_weights_after_wrapping(rank: int, world_size: int, sync_init: bool) -> list[list]:

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from spotray.sampler import ElasticSampler
+from spotray.step.sampler import ElasticSampler
 
 
 def test_order_is_a_function_of_seed_and_epoch_only():

@@ -7,7 +7,7 @@ import copy
 import torch
 
 from spotray.config import ModelSection, TrainSection
-from spotray.optim import allocate_state, build_optimizer, lr_factor
+from spotray.step.optim import allocate_state, build_optimizer, lr_factor
 from spotray.tasks.gpt_model import GPT, GPTShape
 
 
