@@ -1,7 +1,7 @@
 """Alert rules as data: the Prometheus rule groups (checked by promtool) and the PrometheusRule that carries them.
 
-Training series are Ray gauges (``training/spotray/telemetry.py``), prefixed ``ray_spotray_`` and tagged ``run``. A
-restarted worker group exports them under new series, so rules aggregate ``by (run)`` over a window."""
+Training series are Ray gauges (``training/spotray/worker/telemetry.py``), prefixed ``ray_spotray_`` and tagged
+``run``. A restarted worker group exports them under new series, so rules aggregate ``by (run)`` over a window."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import setuptools
 
 from spotray import status
 from spotray.export import export
-from spotray.loop import run_root
+from spotray.worker.attempt import run_root
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally

@@ -13,14 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from spotray import launch
-from spotray.loop import WorkerEnv, train
 from spotray.ray_local import free_port
-from spotray.telemetry import peak_flops
+from spotray.worker.attempt import WorkerEnv
+from spotray.worker.loop import train
+from spotray.worker.telemetry import peak_flops
 from tests.gpu.configs import assert_learns, gpu_config, losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 FP32 = "train.dtype=float32"
-# DDP against FSDP2 in float32: the same sums in another order (2e-4 on CPU, see tests/training/test_resume.py),
+# DDP against FSDP2 in float32: the same sums in another order (2e-4 on CPU, see tests/training/worker/test_resume.py),
 # with headroom for the GPU's own reduction orders.
 FP32_TOL = 1e-3
 # bf16 (autocast for DDP, bf16 parameters for FSDP2) against float32, on the mean loss of the last 5 steps (~2.6).

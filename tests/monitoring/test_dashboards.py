@@ -18,7 +18,7 @@ from monitoring.dashboards import (
 )
 from monitoring.values import kube_prometheus_stack_values
 from spotray.accounts.goodput import CATEGORIES
-from spotray.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE
+from spotray.worker.telemetry import GAUGES, MEMORY_GAUGE, TIME_GAUGE
 from tests.monitoring.prom import as_promql, promtool, rules_file
 
 

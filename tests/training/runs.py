@@ -9,7 +9,7 @@ from pathlib import Path
 from spotray import launch
 from spotray.config import TrainConfig
 from spotray.drills.process_group import train_on_process_group
-from spotray.loop import run_root
+from spotray.worker.attempt import run_root
 
 
 def train_locally(cfg: TrainConfig) -> dict:

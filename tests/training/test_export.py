@@ -15,7 +15,8 @@ import torch
 
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.export import export
-from spotray.loop import WorkerEnv, build_parts, run_root
+from spotray.worker.attempt import WorkerEnv, run_root
+from spotray.worker.loop import build_parts
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally

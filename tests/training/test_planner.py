@@ -14,8 +14,8 @@ from spotray import estimate as command
 from spotray import planner, planner_ledger
 from spotray.accounts import goodput, ledger
 from spotray.errors import SpotrayError
-from spotray.interval import interval_steps
 from spotray.storage import resolve
+from spotray.worker.cadence import interval_steps
 from tests.repo import REPO, readme_example
 
 INTERRUPTED_RUN = REPO / "tests" / "fixtures" / "ledger-interrupted"

@@ -14,9 +14,9 @@ import pytest
 from spotray import config, launch
 from spotray.accounts import ledger
 from spotray.errors import ConfigError, TrainingFailed
-from spotray.loop import run_root
 from spotray.tracking import Follower, read_gaps
 from spotray.tracking import state as tracking_state
+from spotray.worker.attempt import run_root
 from tests.corpus import write_corpus
 from tests.repo import readme_example
 from tests.trackers import (

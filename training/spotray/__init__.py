@@ -14,19 +14,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what the checker and editors see; at run time __getattr__ below imports each on first use
     from spotray import hf as hf
     from spotray.config import TrainConfig as TrainConfig
-    from spotray.session import commit as commit
-    from spotray.session import report as report
-    from spotray.session import restore as restore
-    from spotray.session import should_save as should_save
-    from spotray.session import should_stop as should_stop
     from spotray.tasks import ExportSpec as ExportSpec
     from spotray.tasks import Task as Task
     from spotray.tasks.base import LanguageModelTask as LanguageModelTask
     from spotray.tasks.base import linear_weights as linear_weights
+    from spotray.worker.session import commit as commit
+    from spotray.worker.session import report as report
+    from spotray.worker.session import restore as restore
+    from spotray.worker.session import should_save as should_save
+    from spotray.worker.session import should_stop as should_stop
 
 _PUBLIC = {"LanguageModelTask": "spotray.tasks.base", "linear_weights": "spotray.tasks.base",
            "Task": "spotray.tasks", "ExportSpec": "spotray.tasks", "TrainConfig": "spotray.config",
-           **dict.fromkeys(("restore", "should_save", "commit", "report", "should_stop"), "spotray.session")}
+           **dict.fromkeys(("restore", "should_save", "commit", "report", "should_stop"), "spotray.worker.session")}
 _MODULES = ("hf",)
 __all__ = sorted((*_PUBLIC, *_MODULES))
 

@@ -75,14 +75,14 @@ def _cmd_train(args: argparse.Namespace) -> None:
     script = {"script": {"path": args.script, "args": args.script_args, "debug": args.debug}} if args.script else {}
     cfg = config.load(args.config, overrides, base=script)
     if args.script:
-        from spotray.script import with_script
+        from spotray.worker.user_script import with_script
 
         cfg = with_script(cfg, args.script)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the log file keeps every rank's lines, as they come
     from spotray import launch  # Ray and torch load only once the config is known to be valid
     from spotray.console import RunConsole
     from spotray.errors import TrainingFailed
-    from spotray.script import ScriptFailed
+    from spotray.worker.user_script import ScriptFailed
 
     task = launch.preflight(launch.with_absolute_paths(cfg))  # bad data or model: one line, before any log file
     console = RunConsole(launch.log_location(cfg), verbose=args.verbose)

@@ -174,7 +174,7 @@ class ScalingSection:
 @dataclass(frozen=True)
 class CheckpointSection:
     path: str = "./spotray-runs"
-    every_steps: int | str = 50  # or "auto": the Young–Daly interval (training/interval.py)
+    every_steps: int | str = 50  # or "auto": the Young–Daly interval (spotray.worker.cadence)
     keep_last: int = 3
     keep_best: bool = False  # also keep the committed checkpoint with the lowest val loss (evaluated at each save)
     async_save: bool = False
@@ -355,7 +355,7 @@ class FaultToleranceSection:
 
     max_failures: int = 3
     max_preemptions: int = -1
-    preemption_check_every_steps: int | str = AUTO  # or a count; auto: about once a second (training/interval.py)
+    preemption_check_every_steps: int | str = AUTO  # or a count; auto: about once a second (spotray.worker.cadence)
     # What checkpoint.every_steps: auto plans for. None: the GPU pool's interruptionsPerHour where the stack sets it
     # (cluster/rayjob.py fills it in), else DEFAULT_INTERRUPTIONS_PER_HOUR.
     expected_interruptions_per_hour: float | None = None

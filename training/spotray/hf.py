@@ -18,7 +18,7 @@ import shutil
 
 from transformers import TrainerCallback
 
-from spotray import session as sessions
+from spotray.worker import session as sessions
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from ray.train.torch import TorchConfig
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from spotray import memory, script
 from spotray.accounts import cost, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
@@ -32,7 +31,6 @@ from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.console import WORKER_FORMAT
 from spotray.errors import ClusterLost, StorageError, TrainingFailed
 from spotray.head_watch import HeadWatch
-from spotray.loop import WorkerEnv, run_root, train, units_per_step
 from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
 from spotray.runtime_env import enter_working_dir, shipped, worker_runtime_env
@@ -40,6 +38,9 @@ from spotray.step import evaluation
 from spotray.storage import Location, resolve
 from spotray.tasks import Task, load_task
 from spotray.tracking import Follower, check_installed, read_gaps
+from spotray.worker import memory, user_script
+from spotray.worker.attempt import WorkerEnv, run_root
+from spotray.worker.loop import train, units_per_step
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def ray_train_fn(config: dict) -> None:
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
                     ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes))
     if cfg.script.path:
-        script.run_on_worker(cfg, env)
+        user_script.run_on_worker(cfg, env)
     else:
         train(cfg, env)
 
@@ -102,7 +103,7 @@ def preflight(cfg: TrainConfig) -> Task | None:
     if cfg.cost.prices_file:
         read_prices_file(cfg.cost.prices_file, cfg.storage.options())
     if cfg.script.path:
-        script.preflight(cfg, run_root(cfg))
+        user_script.preflight(cfg, run_root(cfg))
         return None
     task = load_task(cfg)
     task.open_dataset()
@@ -153,9 +154,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         raise _cluster_lost(cfg, root) from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         cause = root_cause(exc)
-        failed_script = f"{script.ScriptFailed.__module__}.{script.ScriptFailed.__name__}: "
+        failed_script = f"{user_script.ScriptFailed.__module__}.{user_script.ScriptFailed.__name__}: "
         if cause.startswith(failed_script):
-            raise script.ScriptFailed(cause.removeprefix(failed_script)) from exc
+            raise user_script.ScriptFailed(cause.removeprefix(failed_script)) from exc
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from spotray.errors import SpotrayError
-from spotray.interval import interval_steps
+from spotray.worker.cadence import interval_steps
 
 CAPACITIES = ("spot", "on-demand")
 # Defaults from BENCHMARKS.md, GPT-2 124M shape (1025 MB of params + AdamW state), cpu-2c, local dir:

@@ -13,7 +13,9 @@ MOVED: dict[str, str] = {
     "save_budget": "checkpoints.save_retries", "weights_file": "checkpoints.safetensors_file",
     "model": "tasks.gpt_model", "tasks.hf": "tasks.hf_causal_lm", "data.progress": "data.prepare_progress",
     "sampler": "step.sampler", "batches": "step.batches", "optim": "step.optim", "parallel": "step.parallel",
-    "evaluation": "step.evaluation",
+    "evaluation": "step.evaluation", "loop": "worker.loop", "session": "worker.session",
+    "script": "worker.user_script", "cadence": "worker.cadence", "interval": "worker.cadence",
+    "telemetry": "worker.telemetry", "memory": "worker.memory",
 }
 
 

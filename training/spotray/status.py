@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 
-from spotray import memory
 from spotray.accounts import cost, goodput, ledger
 from spotray.checkpoints.dcp import (
     FILES_FORMAT,
@@ -21,6 +20,7 @@ from spotray.checkpoints.dcp import (
 )
 from spotray.errors import StorageError
 from spotray.storage import Location, StorageOptions, resolve
+from spotray.worker import memory
 
 # Rank 0 rewrites its status.json every train.log_every steps (10 by default). A blocking checkpoint save or a
 # drain (a spot notice's 2 minutes, plus a grace) can hold the next write back for minutes without the run stopping.

@@ -14,7 +14,7 @@ from spotray import progress
 from spotray.accounts import goodput, ledger
 from spotray.progress import ProgressMonitor
 from spotray.storage import resolve
-from spotray.telemetry import RankZeroTelemetry
+from spotray.worker.telemetry import RankZeroTelemetry
 from tests.training.ledgers import write_attempt
 
 

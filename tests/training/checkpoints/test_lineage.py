@@ -11,7 +11,7 @@ import pytest
 from spotray import status
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.export import ExportError, export
-from spotray.loop import run_root
+from spotray.worker.attempt import run_root
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
 

@@ -11,8 +11,8 @@ import pytest
 from infra.cli import main
 from spotray.accounts import ledger
 from spotray.export import ExportError, export
-from spotray.loop import run_root
 from spotray.step.evaluation import rank_batches, sample_ids
+from spotray.worker.attempt import run_root
 from tests.training.configs import make_config
 from tests.training.runs import train_locally
 
@@ -39,8 +39,9 @@ def eval_worker(rank: int, world_size: int, configs: list[dict]) -> list[dict]:
     from torch.distributed.tensor import DTensor
 
     from spotray.config import from_dict
-    from spotray.loop import WorkerEnv, build_parts, param_sha256
     from spotray.step.evaluation import Evaluator, open_val_dataset
+    from spotray.worker.attempt import WorkerEnv
+    from spotray.worker.loop import build_parts, param_sha256
 
     results = []
     for config in configs:

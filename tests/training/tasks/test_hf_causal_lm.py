@@ -16,7 +16,7 @@ from spotray.errors import ConfigError
 from tests.repo import REPO
 from tests.training.configs import make_config
 from tests.training.runs import train_locally as train
-from tests.training.test_resume import SAME_TRAINING_TOL, assert_losses_close, losses
+from tests.training.worker.test_resume import SAME_TRAINING_TOL, assert_losses_close, losses
 
 TINY = {
     "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -84,10 +84,11 @@ def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) ->
     import torch.distributed as dist
 
     from spotray.config import from_dict
-    from spotray.loop import WorkerEnv, build_parts
     from spotray.storage import resolve
     from spotray.tasks.hf_causal_lm import HFTask
     from spotray.tasks.pretrained import load_sharded
+    from spotray.worker.attempt import WorkerEnv
+    from spotray.worker.loop import build_parts
 
     cfg = from_dict(config)
     parts = build_parts(cfg, WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))

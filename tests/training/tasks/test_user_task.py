@@ -13,12 +13,13 @@ from statistics import mean
 import pytest
 import torch
 
-from spotray import config, launch, loop
+from spotray import config, launch
 from spotray.checkpoints.dcp import read_model_record
 from spotray.drills.process_group import train_on_process_group
 from spotray.errors import TrainingFailed
 from spotray.examples import conv_lm
 from spotray.storage import resolve
+from spotray.worker import loop
 from tests.corpus import write_corpus
 from tests.repo import readme_example
 from tests.training.runs import cli_env

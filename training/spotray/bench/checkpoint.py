@@ -26,9 +26,10 @@ from spotray.checkpoints.dcp import Checkpointer
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
 from spotray.launch import root_cause
-from spotray.loop import WorkerEnv, build_parts, run_root
 from spotray.ray_local import join_or_start
 from spotray.storage import resolve
+from spotray.worker.attempt import WorkerEnv, run_root
+from spotray.worker.loop import build_parts
 
 _CHUNK = 8 << 20
 

@@ -19,7 +19,7 @@ from spotray import config, demo, planner, planner_ledger
 from spotray.bench.common import machine, new_workdir
 from spotray.drills.cluster import ReusedCluster, given_or_own
 from spotray.errors import SpotrayError
-from spotray.loop import run_root
+from spotray.worker.attempt import run_root
 
 FAULTS_PER_RUN = (1.0, 2.0, 3.0)
 WITHIN = 0.05  # of goodput: the planner's prediction is good enough to plan by

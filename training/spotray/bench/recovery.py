@@ -35,8 +35,8 @@ from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError
-from spotray.loop import run_root
 from spotray.storage import Location
+from spotray.worker.attempt import run_root
 
 CAPACITY_GAP_S = 10.0  # how long the cluster stays a node short before the replacement joins
 SETTLE_S = 1.0  # after the checkpoint a fault waits for, so that Ray has registered the baseline's too

@@ -17,7 +17,7 @@ from spotray import config, launch
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.errors import SpotrayError
 from spotray.tasks import load_task
-from spotray.telemetry import peak_flops
+from spotray.worker.telemetry import peak_flops
 
 GPU_BATCH_PER_WORKER = 64  # sequences per GPU and step: llm.c's GPT-2 124M shape (-b 64 -t 1024)
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop

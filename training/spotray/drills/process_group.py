@@ -18,7 +18,7 @@ from spotray.ray_local import free_port
 
 # What every rank imports, imported once by the server its ranks fork from rather than by each rank of each run
 # (3 s of CPU a rank on a 2-core machine).
-PRELOADED = ("torch", "torch.distributed", "spotray.loop")
+PRELOADED = ("torch", "torch.distributed", "spotray.worker.loop")
 
 
 def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600) -> dict:
@@ -30,7 +30,8 @@ def train_worker(rank: int, world_size: int, config: dict) -> dict:
     import torch
 
     from spotray.config import from_dict
-    from spotray.loop import WorkerEnv, train
+    from spotray.worker.attempt import WorkerEnv
+    from spotray.worker.loop import train
 
     return train(from_dict(config), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
 

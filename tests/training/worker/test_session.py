@@ -17,14 +17,15 @@ import pytest
 import torch
 
 import spotray
-from spotray import config, session
-from spotray.cadence import Cadence
+from spotray import config
 from spotray.checkpoints.dcp import COMMIT_MARKER, checkpoints_root, list_committed
 from spotray.checkpoints.script_files import FilesPrefetch
 from spotray.drills.process_group import run_on_process_group
 from spotray.errors import ConfigError
-from spotray.loop import WorkerEnv
 from spotray.storage import resolve
+from spotray.worker import session
+from spotray.worker.attempt import WorkerEnv
+from spotray.worker.cadence import Cadence
 
 
 def script_config(runs: Path, *sets: str) -> dict:
@@ -221,7 +222,7 @@ def test_a_script_that_never_commits_is_warned_once_after_the_first_interval(tmp
 
 def test_spotrays_loop_and_a_scripts_session_keep_the_same_cadence(tmp_path, monkeypatch, dataset_url):
     """Both paths ask ``cadence.Cadence`` when to save and whether a notice came: one core, not two copies."""
-    from spotray.loop import train
+    from spotray.worker.loop import train
     from tests.training.configs import make_config
 
     asked = []
@@ -247,7 +248,7 @@ def test_spotrays_loop_and_a_scripts_session_keep_the_same_cadence(tmp_path, mon
 def test_a_failing_script_is_one_line_and_with_debug_waits_in_rays_post_mortem_debugger(tmp_path, monkeypatch):
     from ray.util import debugpy
 
-    from spotray.script import ScriptFailed, run_on_worker
+    from spotray.worker.user_script import ScriptFailed, run_on_worker
 
     caught = []
     monkeypatch.setattr(debugpy, "_post_mortem", lambda: caught.append(sys.exc_info()[1]))

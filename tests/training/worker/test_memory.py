@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spotray import memory
 from spotray.accounts import goodput, ledger
 from spotray.errors import OutOfMemory
-from spotray.loop import WorkerEnv, run_root, train
+from spotray.worker import memory
+from spotray.worker.attempt import WorkerEnv, run_root
+from spotray.worker.loop import train
 from tests.training.configs import make_config
 
 RUNS_OUT_AT_STEP_3 = """

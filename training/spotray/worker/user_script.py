@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from spotray import session as sessions
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError, TrainingFailed
-from spotray.loop import WorkerEnv
 from spotray.storage import Location
-from spotray.telemetry import lost_peer
+from spotray.worker import session as sessions
+from spotray.worker.attempt import WorkerEnv
+from spotray.worker.telemetry import lost_peer
 
 log = logging.getLogger(__name__)
 

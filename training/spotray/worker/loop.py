@@ -6,7 +6,6 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import cast
@@ -21,61 +20,32 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from spotray import memory
 from spotray.accounts import ledger
-from spotray.accounts.node_records import this_node
-from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoints.dcp import (
     Checkpointer,
     CommittedCheckpoint,
     RestorePrefetch,
     RngState,
-    all_gather_objects,
     write_model_record,
 )
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
-from spotray.interval import nominal_every_steps
 from spotray.step.batches import split, to_device
 from spotray.step.evaluation import Evaluator, open_val_dataset
 from spotray.step.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.step.parallel import gradient_sync, parallelize
 from spotray.step.sampler import ElasticSampler
-from spotray.storage import Location, resolve
+from spotray.storage import Location
 from spotray.tasks import Samples, Task, TaskError, load_task
-from spotray.telemetry import RankZeroTelemetry, Telemetry, peak_flops
+from spotray.worker import memory
+from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
+from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
+from spotray.worker.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
 
-Reporter = Callable[[dict], None]
-
-
-def _no_preemption() -> float | None:
-    return None
-
-
-def _no_capacity_elsewhere() -> bool:
-    return False
-
-
 class MovedOnNotice(Exception):  # noqa: N818 - an outcome, not an error
     """The attempt committed its emergency checkpoint and ends so that the run restarts on other capacity."""
-
-
-@dataclass(frozen=True)
-class WorkerEnv:
-    rank: int
-    world_size: int
-    device: torch.device
-    report: Reporter
-    # UNIX time by which this worker group will be preempted, or None. A collective: every rank calls it alike.
-    preemption_deadline: Callable[[], float | None] = _no_preemption
-    # Whether the worker group would fit on nodes that are not being preempted (asked by rank 0 after a notice).
-    capacity_elsewhere: Callable[[], bool] = _no_capacity_elsewhere
-
-
-def run_root(cfg: TrainConfig) -> Location:
-    return resolve(cfg.checkpoint.path, cfg.storage.options()).child(cfg.run.name)
 
 
 class ModelOptimState:
@@ -311,35 +281,6 @@ def _seed_after_restore(cfg: TrainConfig, env: WorkerEnv, step: int, restored: C
                  restored.url if restored else "no checkpoint")
 
 
-@dataclass(frozen=True)
-class Records:
-    """This attempt's ledger entries."""
-
-    attempt: ledger.AttemptInfo
-    root: Location
-    writer: ledger.RecordWriter
-    losses: ledger.LossLog
-    audit: ledger.AuditLog | None
-
-
-def open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> Records:
-    """The attempt's records; every rank names its node (a collective)."""
-    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch,
-                                 nodes=all_gather_objects(this_node(), None),
-                                 gpus_per_worker=cfg.scaling.worker_resources.get("GPU", 0))
-    attempts_root = root.child("attempts")
-    writer = ledger.RecordWriter()
-    audit = None
-    if cfg.audit_dir:
-        audit_root = resolve(cfg.audit_dir, cfg.storage.options())
-        audit = ledger.AuditLog(audit_root, attempt.attempt_id, env.rank, writer)
-        if env.rank == 0:
-            ledger.write_attempt(audit_root, attempt)
-    if env.rank == 0:
-        ledger.write_attempt(attempts_root, attempt)
-    return Records(attempt, attempts_root, writer, ledger.LossLog(attempts_root, attempt.attempt_id, writer), audit)
-
-
 def _telemetry(cfg: TrainConfig, env: WorkerEnv, records: Records, entered_at: float,
                parts: TrainingParts) -> Telemetry:
     if env.rank != 0:
@@ -536,10 +477,3 @@ def _reduce_losses(pending: list[tuple[int, StepResult, float]], per_step: int, 
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower train.lr or check the data")
         losses.record(step, value, seconds, result.lr, norm, tokens=per_step)
-
-
-def shared_attempt_id() -> str:
-    box = [ledger.new_attempt_id()]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -10,14 +10,16 @@ import time
 import pytest
 import torch
 
-from spotray import cadence, launch
+from spotray import launch
 from spotray.accounts import goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer, checkpoints_root, list_committed
 from spotray.errors import StorageError, TrainingFailed
 from spotray.launch import failure_config
-from spotray.loop import WorkerEnv, _survive_preemption
 from spotray.storage import Location, resolve
-from spotray.telemetry import RankZeroTelemetry
+from spotray.worker import cadence
+from spotray.worker.attempt import WorkerEnv
+from spotray.worker.loop import _survive_preemption
+from spotray.worker.telemetry import RankZeroTelemetry
 from tests.training.configs import make_config
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spotray import launch
-from spotray.telemetry import (
+from spotray.worker.telemetry import (
     GAUGES,
     MEMORY_GAUGE,
     TIME_GAUGE,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spotray.drills.process_group import run_on_process_group
-from spotray.interval import (
+from spotray.worker.cadence import (
     CHECK_EVERY_S,
     UNMEASURED_EVERY_STEPS,
     CheckpointInterval,
@@ -47,7 +47,7 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
-    caplog.set_level(logging.INFO, "spotray.interval")
+    caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = CheckpointInterval("auto", 1.0, 10_000, start_step=120)  # resumed at step 120
     assert "until this attempt has timed a save" in caplog.text
     assert not interval.due(120 + UNMEASURED_EVERY_STEPS - 1) and interval.due(120 + UNMEASURED_EVERY_STEPS)
@@ -118,7 +118,7 @@ def _train_recording_preemption_checks(rank: int, world_size: int, config: dict,
     import torch.distributed as dist
 
     from spotray.drills.process_group import train_worker
-    from spotray.loop import _StepRunner
+    from spotray.worker.loop import _StepRunner
 
     step, checked, asked = _StepRunner.__call__, PreemptionChecks.checked, []
 

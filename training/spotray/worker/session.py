@@ -15,16 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from spotray import memory
 from spotray.accounts import ledger
-from spotray.cadence import Cadence, move_or_wait, too_short
 from spotray.checkpoints.dcp import Checkpointer, list_committed
 from spotray.checkpoints.script_files import FilesCheckpoints, FilesPrefetch
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError, SpotrayError
-from spotray.interval import nominal_every_steps
-from spotray.loop import Records, WorkerEnv, open_records, run_root, shared_attempt_id
-from spotray.telemetry import RankZeroTelemetry, Telemetry
+from spotray.worker import memory
+from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
+from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
+from spotray.worker.telemetry import RankZeroTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,180 @@
+"""When an attempt checkpoints, when it asks about preemptions, and what it does on a notice: one core for
+spotray's own loop and for a user's script (``spotray.should_save`` / ``commit`` / ``should_stop``).
+
+``checkpoint.every_steps`` is a fixed count, or ``auto``: the Young–Daly interval from the saves this attempt has
+timed and ``fault_tolerance.expected_interruptions_per_hour``, re-evaluated after every save and logged when it
+changes. A preemption notice triggers its emergency checkpoint whatever the interval.
+``fault_tolerance.preemption_check_every_steps`` is a fixed count, or ``auto``: about every ``CHECK_EVERY_S``.
+
+Every decision here is a collective taken alike on every rank: rank 0's view (or the slowest rank's timing) wins."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from spotray.config import AUTO, TrainConfig
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+UNMEASURED_EVERY_STEPS = 50  # ``auto`` before an attempt has timed a save
+# A notice leaves tens of seconds (two minutes on EC2); each check is a barrier through a Ray actor (~3 ms on CPU).
+CHECK_EVERY_S = 1.0
+
+
+def nominal_every_steps(every_steps: int | str) -> int:
+    """The interval in steps before anything is measured."""
+    return UNMEASURED_EVERY_STEPS if every_steps == AUTO else int(every_steps)
+
+
+def young_daly_s(blocking_save_s: float, mean_time_between_interruptions_s: float) -> float:
+    """The interval between checkpoints, in seconds of training, that minimises the expected lost work plus the
+    time saves block training, to first order (Young 1974, Daly 2006): sqrt(2 x save x MTBI)."""
+    if blocking_save_s < 0 or mean_time_between_interruptions_s <= 0:
+        raise ValueError(f"need save >= 0 and MTBI > 0 seconds, got {blocking_save_s}, "
+                         f"{mean_time_between_interruptions_s}")
+    return math.sqrt(2 * blocking_save_s * mean_time_between_interruptions_s)
+
+
+def interval_steps(blocking_save_s: float, save_s: float, step_s: float, interruptions_per_hour: float,
+                   max_steps: int) -> int:
+    """Young–Daly in steps of ``step_s``, at least one step and at most ``max_steps``, and never shorter than a
+    whole save (``save_s`` end to end: an asynchronous save must finish before the next one can start)."""
+    seconds = max(young_daly_s(blocking_save_s, 3600 / interruptions_per_hour), save_s)
+    return max(1, min(max_steps, round(seconds / step_s))) if step_s > 0 else max_steps
+
+
+class CheckpointInterval:
+    """Whether a step is due for a checkpoint. Fixed: every multiple of ``every_steps``. ``auto``: once
+    ``steps`` have passed since the last checkpoint, where ``steps`` follows the measured saves."""
+
+    def __init__(self, every_steps: int | str, interruptions_per_hour: float, max_steps: int, start_step: int):
+        self.auto = every_steps == AUTO
+        self.steps = nominal_every_steps(every_steps)
+        self.interruptions_per_hour, self.max_steps = interruptions_per_hour, max_steps
+        self.last_checkpoint_step = start_step
+        if self.auto:
+            log.info("checkpoint.every_steps=auto: every %d steps until this attempt has timed a save", self.steps)
+
+    def due(self, step: int) -> bool:
+        if self.auto:
+            return step - self.last_checkpoint_step >= self.steps
+        return step % self.steps == 0
+
+    def checkpointed(self, step: int, blocking_save_s: float, save_s: float, step_s: float) -> None:
+        """A checkpoint at ``step`` blocked training ``blocking_save_s`` (every rank must pass the same values)."""
+        self.last_checkpoint_step = step
+        if not self.auto:
+            return
+        steps = interval_steps(blocking_save_s, save_s, step_s, self.interruptions_per_hour, self.max_steps)
+        if steps != self.steps:
+            log.info("checkpoint interval: every %d steps (was %d): a save blocks %.2f s of %.2f s, a step takes "
+                     "%.3f s, %g interruptions expected per hour", steps, self.steps, blocking_save_s, save_s,
+                     step_s, self.interruptions_per_hour)
+            self.steps = steps
+
+
+class PreemptionChecks:
+    """Whether a step is due to ask Ray about preemptions. Fixed: every multiple of ``every_steps``. ``auto``: every
+    step until a step is timed, then once ``CHECK_EVERY_S`` of steps have passed since the last check."""
+
+    def __init__(self, every_steps: int | str):
+        self.auto = every_steps == AUTO
+        self.steps = 1 if self.auto else int(every_steps)
+        self.last_check_step: int | None = None
+
+    def due(self, step: int) -> bool:
+        if self.auto:
+            return self.last_check_step is None or step - self.last_check_step >= self.steps
+        return step % self.steps == 0
+
+    def checked(self, step: int, step_s: float) -> None:
+        """Asked at ``step``; a step takes ``step_s`` on the slowest rank (every rank must pass the same value)."""
+        self.last_check_step = step
+        if self.auto and step_s > 0:
+            self.steps = max(1, round(CHECK_EVERY_S / step_s))
+
+PREEMPTION_WAIT_GRACE_S = 30.0
+MOVE_ON_POLL_S = 1.0  # how often, after an emergency checkpoint, rank 0 looks for other capacity
+
+
+class Cadence:
+    """An attempt's schedule: a checkpoint at the interval (fixed or Young–Daly) and a preemption check about once
+    a second. ``preemption_deadline`` is the launcher's (Ray's drain deadline, a collective)."""
+
+    def __init__(self, cfg: TrainConfig, last_step: int, start_step: int, device: torch.device,
+                 preemption_deadline: Callable[[], float | None]):
+        self.interval = CheckpointInterval(cfg.checkpoint.every_steps, cfg.fault_tolerance.interruptions_per_hour,
+                                           last_step, start_step)
+        self.checks = PreemptionChecks(cfg.fault_tolerance.preemption_check_every_steps)
+        self.last_step, self.device, self.preemption_deadline = last_step, device, preemption_deadline
+
+    def save_due(self, step: int, retry_due: bool = False) -> bool:
+        """At the checkpoint interval, or where a failed save's retry is due."""
+        return self.interval.due(step) or retry_due
+
+    def notice(self, step: int, step_s: float) -> float | None:
+        """The drain deadline (UNIX time) where a notice has reached any rank, asked at the check cadence; None
+        otherwise. ``step_s``: this rank's mean step time."""
+        checks = self.checks
+        if not checks.due(step) or step >= self.last_step:
+            return None
+        checks.checked(step, slowest_rank((step_s,), self.device)[0] if checks.auto else 0.0)
+        return self.preemption_deadline()
+
+    def saved(self, step: int, blocking_s: float, save_s: float, step_s: float) -> None:
+        """A checkpoint of ``step`` blocked training ``blocking_s`` of a ``save_s`` save; steps take ``step_s``."""
+        measured = (blocking_s, save_s, step_s)
+        self.interval.checkpointed(step, *(slowest_rank(measured, self.device) if self.interval.auto else measured))
+
+
+def too_short(deadline: float, last_save_s: float | None, agree: Callable) -> bool:
+    """Whether the notice leaves less time than a save takes (rank 0's estimate decides for all ranks)."""
+    remaining = deadline - time.time()
+    short = agree(last_save_s is not None and remaining < 1.2 * last_save_s)
+    if short:
+        log.info("preemption in %.1fs is too short for a checkpoint (last save took %.1fs): continuing, "
+                 "a restart resumes from the last committed checkpoint", remaining, last_save_s)
+    return short
+
+
+def move_or_wait(deadline: float, step: int, agree: Callable, rank: int, capacity_elsewhere: Callable[[], bool],
+                 telemetry, move_on: bool = True) -> bool:
+    """After the notice's checkpoint committed: True as soon as the worker group fits on other nodes (``move_on``),
+    else False once the node should have gone (it did not: training goes on)."""
+    waiting_since, asking = time.monotonic(), move_on
+    while time.time() < deadline + PREEMPTION_WAIT_GRACE_S:
+        # Rank 0 asks and every rank follows, until shortly before the deadline: a peer dying inside a collective
+        # would fail the survivors with an error that is not the preemption's.
+        move = False
+        if asking:
+            asking = time.time() < deadline - 3 * MOVE_ON_POLL_S
+            asking, move = agree((asking, asking and rank == 0 and capacity_elsewhere()))
+        if move:
+            telemetry.drain_wait(time.monotonic() - waiting_since)
+            telemetry.moved(time.time())
+            if rank == 0:
+                log.info("preemption notice: the worker group fits on other nodes: restarting there from "
+                         "step %d without waiting for the node to go", step)
+            return True
+        time.sleep(MOVE_ON_POLL_S)
+    telemetry.drain_wait(time.monotonic() - waiting_since)
+    log.warning("the announced preemption did not happen: continuing to train")
+    return False
+
+
+def slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float]:
+    """Each value's maximum over the ranks, so that every rank computes the same interval."""
+    import torch  # here, not above: `spotray estimate` reads the interval rule (interval_steps) without torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
