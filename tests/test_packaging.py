@@ -14,8 +14,8 @@ from pathlib import Path
 
 import setuptools
 
-from spotray import status
 from spotray.export import export
+from spotray.reports import status
 from spotray.worker.attempt import run_root
 from tests.repo import REPO
 from tests.training.configs import make_config

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from spotray import cost_report, estimate
+from spotray import estimate
 from spotray.accounts import aws_prices
 from spotray.errors import SpotrayError
+from spotray.reports import cost_report
 
 
 def _cmd_prepare(args: argparse.Namespace) -> None:
@@ -103,13 +104,13 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
     else:
-        from spotray.summary import format_summary
+        from spotray.reports.summary import format_summary
 
         print(format_summary(summary))
 
 
 def _cmd_status(args: argparse.Namespace) -> None:
-    from spotray.status import format_text, gather
+    from spotray.reports.status import format_text, gather
     from spotray.storage import StorageOptions
 
     status = gather(args.run_url, StorageOptions(endpoint_url=args.endpoint_url))
@@ -131,7 +132,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     from spotray import demo
     from spotray.accounts.cost import money_text
     from spotray.launch import write_summary
-    from spotray.summary import format_table
+    from spotray.reports.summary import format_table
 
     summary = demo.run(args.workdir, tuple(args.set or ()))
     print(format_table(summary))

@@ -24,8 +24,8 @@ from spotray.accounts import goodput, ledger
 from spotray.data.prepare import prepare
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.errors import TrainingFailed
+from spotray.reports.summary import plot_losses
 from spotray.storage import Location, resolve
-from spotray.summary import plot_losses
 from spotray.worker.attempt import run_root
 from spotray.worker.cadence import nominal_every_steps
 

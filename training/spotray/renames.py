@@ -16,6 +16,7 @@ MOVED: dict[str, str] = {
     "evaluation": "step.evaluation", "loop": "worker.loop", "session": "worker.session",
     "script": "worker.user_script", "cadence": "worker.cadence", "interval": "worker.cadence",
     "telemetry": "worker.telemetry", "memory": "worker.memory",
+    "status": "reports.status", "cost_report": "reports.cost_report", "summary": "reports.summary",
 }
 
 

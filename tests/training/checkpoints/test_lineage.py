@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from spotray import status
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.export import ExportError, export
+from spotray.reports import status
 from spotray.worker.attempt import run_root
 from tests.training.configs import make_config
 from tests.training.runs import train_locally

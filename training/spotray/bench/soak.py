@@ -27,7 +27,6 @@ from pathlib import Path
 import psutil
 
 from spotray import config
-from spotray import status as run_status
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
@@ -35,6 +34,7 @@ from spotray.drills.outage import OutageProxy
 from spotray.drills.process_group import train_on_process_group
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError, StorageError
+from spotray.reports import status as run_status
 from spotray.storage import StorageOptions, resolve
 
 KINDS = ("notice", "kill", "two_nodes", "driver", "head", "outage", "corrupt")

@@ -68,7 +68,7 @@ class MlflowSink:
         numbers = {k: v for k, v in scalars.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         self.client.log_batch(
             self.run_id, metrics=[Metric(f"summary/{k}", float(v), now_ms, step) for k, v in numbers.items()],
-            tags=[RunTag(f"spotray.summary.{k}", str(v)) for k, v in scalars.items() if k not in numbers],
+            tags=[RunTag(f"spotray.reports.summary.{k}", str(v)) for k, v in scalars.items() if k not in numbers],
             synchronous=True)
 
     def flush(self) -> None:

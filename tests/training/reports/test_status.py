@@ -17,10 +17,10 @@ import time
 import pytest
 import torch
 
-from spotray import status
 from spotray.accounts import goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.cli import main
+from spotray.reports import status
 from spotray.storage import resolve
 from tests.repo import REPO
 from tests.training.ledgers import write_attempt

@@ -9,7 +9,7 @@ import pytest
 
 from spotray.accounts import goodput, ledger, node_records
 from spotray.cli import main
-from spotray.status import format_text, gather
+from spotray.reports.status import format_text, gather
 from spotray.storage import resolve
 from tests.repo import readme_example
 

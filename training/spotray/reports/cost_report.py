@@ -36,7 +36,7 @@ def runs_at(location: Location) -> list[Location]:
         return [location]
     runs = [location.child(name) for name in sorted(location.list_names()) if location.child(name, "attempts").is_dir()]
     if not runs:
-        from spotray.status import RUN_URL_HINT  # status reads checkpoints: torch, only for this message
+        from spotray.reports.status import RUN_URL_HINT  # status reads checkpoints: torch, only for this message
 
         raise SpotrayError(f"{location.url} is not a run and holds none: {RUN_URL_HINT}, or the prefix holding runs")
     return runs
