@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from spotray import estimate
 from spotray.accounts import aws_prices
 from spotray.errors import SpotrayError
+from spotray.planning import estimate
 from spotray.reports import cost_report
 
 

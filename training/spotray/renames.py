@@ -17,6 +17,7 @@ MOVED: dict[str, str] = {
     "script": "worker.user_script", "cadence": "worker.cadence", "interval": "worker.cadence",
     "telemetry": "worker.telemetry", "memory": "worker.memory",
     "status": "reports.status", "cost_report": "reports.cost_report", "summary": "reports.summary",
+    "planner": "planning.planner", "planner_ledger": "planning.calibration", "estimate": "planning.estimate",
 }
 
 

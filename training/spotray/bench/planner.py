@@ -15,10 +15,11 @@ from pathlib import Path
 
 import yaml
 
-from spotray import config, demo, planner, planner_ledger
+from spotray import config, demo
 from spotray.bench.common import machine, new_workdir
 from spotray.drills.cluster import ReusedCluster, given_or_own
 from spotray.errors import SpotrayError
+from spotray.planning import calibration, planner
 from spotray.worker.attempt import run_root
 
 FAULTS_PER_RUN = (1.0, 2.0, 3.0)
@@ -76,15 +77,15 @@ def run(steps: int = 1800, faults_per_run: tuple[float, ...] = FAULTS_PER_RUN, c
 
 
 def _run(workdir: Path, data_url: str, steps: int, faults_per_run: tuple[float, ...], clusters: ReusedCluster) -> dict:
-    calibration = planner_ledger.inputs_from_run(str(drill(workdir / "calibration", data_url, steps,
-                                                           [("kill", steps // 2)], clusters)))
-    times = {k: v for k, v in calibration.values.items() if k not in ("interruptions", "notice_share")}
+    calibrated = calibration.inputs_from_run(str(drill(workdir / "calibration", data_url, steps,
+                                                          [("kill", steps // 2)], clusters)))
+    times = {k: v for k, v in calibrated.values.items() if k not in ("interruptions", "notice_share")}
     wall_per_step = times["step_s"] + times["overhead_s_per_step"]
     drills = []
     for seed, faults in enumerate(faults_per_run):
         plan = poisson_kills(faults / (steps * wall_per_step), wall_per_step, steps, seed)
         started = time.monotonic()
-        measured = planner_ledger.inputs_from_run(str(drill(workdir / f"rate-{seed}", data_url, steps, plan,
+        measured = calibration.inputs_from_run(str(drill(workdir / f"rate-{seed}", data_url, steps, plan,
                                                             clusters)))
         predicted = next(p for p in planner.plan(planner.Inputs(**times, interruptions=len(plan)))
                          if p.nodes == times["nodes"][0] and p.capacity == "spot")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from spotray import estimate as command
-from spotray import planner, planner_ledger
 from spotray.accounts import goodput, ledger
 from spotray.errors import SpotrayError
+from spotray.planning import calibration, planner
+from spotray.planning import estimate as command
 from spotray.storage import resolve
 from spotray.worker.cadence import interval_steps
 from tests.repo import REPO, readme_example
@@ -193,7 +193,7 @@ def test_the_planner_predicts_a_real_runs_goodput_within_5_points_from_its_measu
     measured and its count of interruptions, predicts its goodput."""
     measured = goodput.account(ledger.attempts_root(resolve(str(INTERRUPTED_RUN))))
     assert len(measured.events) == 2 and {e.kind for e in measured.events} == {"notice", "kill"}
-    run = planner_ledger.inputs_from_run(str(INTERRUPTED_RUN), every_steps=RUN_EVERY_STEPS)
+    run = calibration.inputs_from_run(str(INTERRUPTED_RUN), every_steps=RUN_EVERY_STEPS)
     assert run.goodput == pytest.approx(measured.goodput)
     assert run.values["interruptions"] == 2
     inputs = planner.Inputs(**run.values)
@@ -204,7 +204,7 @@ def test_the_planner_predicts_a_real_runs_goodput_within_5_points_from_its_measu
 
 
 def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and_replays_it(capsys):
-    run = planner_ledger.inputs_from_run(str(INTERRUPTED_RUN))
+    run = calibration.inputs_from_run(str(INTERRUPTED_RUN))
     assert run.values["every_steps"] == RUN_EVERY_STEPS
     assert run.values["step_nodes"] == 2 and run.values["tokens_per_step"] == 16 * 128
     assert run.values["checkpoint_bytes"] > 0 and 0 < run.values["notice_share"] < 1

@@ -9,10 +9,10 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from spotray.errors import SpotrayError
-from spotray.planner import Inputs, Plan, _flag, plan, save_times
+from spotray.planning.planner import Inputs, Plan, _flag, plan, save_times
 
 if TYPE_CHECKING:  # the CLI imports this module to register the command: the ledger's pyarrow waits for --from
-    from spotray.planner_ledger import Measured
+    from spotray.planning.calibration import Measured
 
 _SUFFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -120,7 +120,7 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
     values: dict[str, Any] = {}
     if getattr(args, "from_url", None):
         run_every = given.get("every_steps")
-        from spotray.planner_ledger import inputs_from_run
+        from spotray.planning.calibration import inputs_from_run
         from spotray.storage import StorageOptions
 
         measured = inputs_from_run(args.from_url, StorageOptions(endpoint_url=args.endpoint_url), run_every)

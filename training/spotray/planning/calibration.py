@@ -8,7 +8,7 @@ from typing import Any
 
 from spotray.accounts import cost, goodput, ledger
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
-from spotray.planner import _fail
+from spotray.planning.planner import _fail
 from spotray.storage import StorageOptions, resolve
 
 
