@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from spotray.console import line_kind
+# What a default run may print on the terminal, by kind; anything else belongs in the log file.
+LINE_KINDS = {
+    "header": re.compile(r"^spotray( demo)?: (run |log |\d+ steps of )"),
+    "progress": re.compile(r"^(spotray: step \d+/\d+ \||prepare: [\d,]+ docs \|)"),
+    "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|INTERRUPTED|FAILURE) at step \d+"),
+    "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED) from step \d+"),
+    "waiting": re.compile(r"^spotray: WAITING for capacity: "),
+    "warning": re.compile(r"^spotray: (warning|error): "),
+    "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |event |-+ |notice |kill |error "
+                          r"|goodput )"),
+}
+
+
+def line_kind(line: str) -> str | None:
+    return next((kind for kind, pattern in LINE_KINDS.items() if pattern.match(line)), None)
 
 
 def assert_quiet_console(console: str, *needles: str) -> None:

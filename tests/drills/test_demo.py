@@ -15,9 +15,8 @@ import pytest
 from infra.cli import main
 from spotray import config
 from spotray.accounts import goodput, ledger
-from spotray.console import line_kind
 from spotray.storage import resolve
-from tests.console import assert_full_log, assert_quiet_console, the_log
+from tests.console import assert_full_log, assert_quiet_console, line_kind, the_log
 from tests.trackers import (
     assert_one_point_per_step,
     mlflow_points,

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from spotray import launch
+from spotray.driver import launch
 from spotray.ray_local import free_port
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.loop import train

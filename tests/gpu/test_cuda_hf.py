@@ -10,8 +10,8 @@ from typing import TypedDict
 import pytest
 import torch
 
-from spotray import launch
 from spotray.data.dataset import TokenDataset
+from spotray.driver import launch
 from tests.gpu.configs import assert_learns, gpu_config, losses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

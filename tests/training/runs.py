@@ -6,9 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from spotray import launch
 from spotray.config import TrainConfig
 from spotray.drills.process_group import train_on_process_group
+from spotray.driver import launch
 from spotray.worker.attempt import run_root
 
 

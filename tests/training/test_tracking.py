@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from spotray import config, launch
+from spotray import config
 from spotray.accounts import ledger
+from spotray.driver import launch
 from spotray.errors import ConfigError, TrainingFailed
 from spotray.tracking import Follower, read_gaps
 from spotray.tracking import state as tracking_state

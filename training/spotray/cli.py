@@ -80,8 +80,8 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
         cfg = with_script(cfg, args.script)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # the log file keeps every rank's lines, as they come
-    from spotray import launch  # Ray and torch load only once the config is known to be valid
-    from spotray.console import RunConsole
+    from spotray.driver import launch  # Ray and torch load only once the config is known to be valid
+    from spotray.driver.console import RunConsole
     from spotray.errors import TrainingFailed
     from spotray.worker.user_script import ScriptFailed
 
@@ -131,7 +131,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 def _cmd_demo(args: argparse.Namespace) -> None:
     from spotray import demo
     from spotray.accounts.cost import money_text
-    from spotray.launch import write_summary
+    from spotray.driver.launch import write_summary
     from spotray.reports.summary import format_table
 
     summary = demo.run(args.workdir, tuple(args.set or ()))

@@ -18,6 +18,8 @@ MOVED: dict[str, str] = {
     "telemetry": "worker.telemetry", "memory": "worker.memory",
     "status": "reports.status", "cost_report": "reports.cost_report", "summary": "reports.summary",
     "planner": "planning.planner", "planner_ledger": "planning.calibration", "estimate": "planning.estimate",
+    "launch": "driver.launch", "console": "driver.console", "runtime_env": "driver.runtime_env",
+    "capacity": "driver.placement", "progress": "driver.progress", "head_watch": "driver.head_watch",
 }
 
 

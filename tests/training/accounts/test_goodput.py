@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from spotray import progress
 from spotray.accounts import goodput, ledger
-from spotray.progress import ProgressMonitor
+from spotray.driver import progress
+from spotray.driver.progress import ProgressMonitor
 from spotray.storage import resolve
 from spotray.worker.telemetry import RankZeroTelemetry
 from tests.training.ledgers import write_attempt

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotray.console import line_kind
 from spotray.reports.summary import format_summary, format_table, plot_losses
+from tests.console import line_kind
 
 SUMMARY = {"run_name": "r", "final_step": 60, "final_loss": 2.5, "tokens_per_s": 12345.6, "goodput": 0.871,
            "exactly_once": True, "checkpoint_every_steps": 20, "events": [],

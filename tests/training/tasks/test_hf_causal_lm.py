@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from spotray import launch
 from spotray.drills.process_group import run_on_process_group
+from spotray.driver import launch
 from spotray.errors import ConfigError
 from tests.repo import REPO
 from tests.training.configs import make_config

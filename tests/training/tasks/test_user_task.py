@@ -13,9 +13,10 @@ from statistics import mean
 import pytest
 import torch
 
-from spotray import config, launch
+from spotray import config
 from spotray.checkpoints.dcp import read_model_record
 from spotray.drills.process_group import train_on_process_group
+from spotray.driver import launch
 from spotray.errors import TrainingFailed
 from spotray.examples import conv_lm
 from spotray.storage import resolve

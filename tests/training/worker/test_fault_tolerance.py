@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from spotray import launch
 from spotray.accounts import goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer, checkpoints_root, list_committed
+from spotray.driver import launch
+from spotray.driver.launch import failure_config
 from spotray.errors import StorageError, TrainingFailed
-from spotray.launch import failure_config
 from spotray.storage import Location, resolve
 from spotray.worker import cadence
 from spotray.worker.attempt import WorkerEnv

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotray import launch
+from spotray.driver import launch
 from spotray.storage import resolve
 from tests.training.configs import make_config
 from tests.training.runs import train_locally

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 import torch
 
-from spotray import launch
+from spotray.driver import launch
 from spotray.worker.telemetry import (
     GAUGES,
     MEMORY_GAUGE,

@@ -13,8 +13,9 @@ import sys
 
 import torch
 
-from spotray import config, launch
+from spotray import config
 from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.driver import launch
 from spotray.errors import SpotrayError
 from spotray.tasks import load_task
 from spotray.worker.telemetry import peak_flops

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotray import config, launch
+from spotray import config
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.drills.mlflowlocal import mlflow_server
+from spotray.driver import launch
 
 VARIANTS = ("none", "tracked", "none_again")  # run in this order in every round
 LOG_EVERY = 10

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotray.driver.launch import RAY_TRAIN_POLLS_S
 from spotray.errors import SpotrayError
-from spotray.launch import RAY_TRAIN_POLLS_S
 from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))

@@ -25,15 +25,15 @@ from ray.train.v2.torch.torch_trainer import TorchTrainer
 from spotray.accounts import cost, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
-from spotray.capacity import group_fits, resources_text, worker_group_placement
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
-from spotray.console import WORKER_FORMAT
+from spotray.driver.console import WORKER_FORMAT
+from spotray.driver.head_watch import HeadWatch
+from spotray.driver.placement import group_fits, resources_text, worker_group_placement
+from spotray.driver.progress import ProgressMonitor
+from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, StorageError, TrainingFailed
-from spotray.head_watch import HeadWatch
-from spotray.progress import ProgressMonitor
 from spotray.ray_local import start_local_ray
-from spotray.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
 from spotray.tasks import Task, load_task

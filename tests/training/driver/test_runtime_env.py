@@ -6,8 +6,7 @@ import zipfile
 import pytest
 
 from spotray.config import EnvSection, load
-from spotray.errors import ConfigError
-from spotray.runtime_env import (
+from spotray.driver.runtime_env import (
     STORAGE_ENV,
     check_working_dir,
     enter_working_dir,
@@ -18,6 +17,7 @@ from spotray.runtime_env import (
     unpack,
     worker_runtime_env,
 )
+from spotray.errors import ConfigError
 from spotray.storage import resolve
 
 

@@ -8,11 +8,11 @@ import pytest
 from ray.train import ScalingConfig
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from spotray import capacity, progress
-from spotray.capacity import Placement, group_fits, worker_group_placement
 from spotray.config import ScalingSection
-from spotray.console import line_kind
+from spotray.driver import placement, progress
+from spotray.driver.placement import Placement, group_fits, worker_group_placement
 from spotray.storage import resolve
+from tests.console import line_kind
 
 
 @pytest.mark.parametrize(("use_gpu", "resources"), [(False, {}), (True, {}), (False, {"CPU": 2, "memory": 0}),
@@ -29,7 +29,7 @@ def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_
              {"NodeID": "draining", "Alive": True, "Resources": {"CPU": 1.0}},
              {"NodeID": "survivor", "Alive": True, "Resources": {"CPU": 1.0}},
              {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 4.0}}]
-    monkeypatch.setattr(capacity.ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
     assert not group_fits(scaling, excluding={"draining"})
     nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
     assert group_fits(scaling, excluding={"draining"})

@@ -26,23 +26,6 @@ _WORKER_NEEDS_USER = re.compile(r"spotray (WARNING|ERROR|CRITICAL): (.*?)(?:\s*\
 _COLOR = re.compile(r"\x1b\[[0-9;]*m")
 _LONGEST_LINE = 1 << 20
 
-# What a default run may print on the terminal, by kind; anything else belongs in the log file.
-LINE_KINDS = {
-    "header": re.compile(r"^spotray( demo)?: (run |log |\d+ steps of )"),
-    "progress": re.compile(r"^(spotray: step \d+/\d+ \||prepare: [\d,]+ docs \|)"),
-    "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|INTERRUPTED|FAILURE) at step \d+"),
-    "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED) from step \d+"),
-    "waiting": re.compile(r"^spotray: WAITING for capacity: "),
-    "warning": re.compile(r"^spotray: (warning|error): "),
-    "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |event |-+ |notice |kill |error "
-                          r"|goodput )"),
-}
-
-
-def line_kind(line: str) -> str | None:
-    return next((kind for kind, pattern in LINE_KINDS.items() if pattern.match(line)), None)
-
-
 class RunConsole:
     """Context manager; ``log`` is where the log file goes (local: written there as it grows; ``s3://``: a local
     file uploaded there every ``UPLOAD_EVERY_S`` and when the run ends)."""

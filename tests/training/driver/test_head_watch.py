@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from spotray.head_watch import _SIGNAL, HeadWatch, ray_reconnect_timeout_s
+from spotray.driver.head_watch import _SIGNAL, HeadWatch, ray_reconnect_timeout_s
 
 
 def test_a_head_that_stops_answering_interrupts_the_main_thread_after_the_wait():

@@ -16,7 +16,7 @@ from spotray.storage import Location
 
 if TYPE_CHECKING:
     from spotray.accounts.node_records import NodeRecorder
-    from spotray.capacity import Placement
+    from spotray.driver.placement import Placement
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
 

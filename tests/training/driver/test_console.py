@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from spotray.console import RunConsole, line_kind
+from spotray.driver.console import RunConsole
 from spotray.storage import resolve
+from tests.console import line_kind
 
 WORKER_WARNING = "(RayTrainWorker pid=41, ip=127.0.0.1) spotray WARNING: checkpoint of step 5 failed (timeout)"
 
@@ -26,7 +27,7 @@ def chatter(console: RunConsole) -> None:
     print("(RayTrainWorker pid=41) spotray INFO: step 3/6 loss 4.2", flush=True)
     for suffix in ("", " [repeated 3x across cluster]"):  # every rank logs it; Ray folds the repeats
         print(f"\x1b[36m{WORKER_WARNING}\x1b[0m{suffix}", file=sys.stderr, flush=True)
-    logging.getLogger("spotray.runtime_env").warning("env.forward: not set on the driver: HF_TOKEN")
+    logging.getLogger("spotray.driver.runtime_env").warning("env.forward: not set on the driver: HF_TOKEN")
 
 
 def test_the_terminal_gets_spotrays_lines_and_the_log_file_everything(tmp_path, capfd):
