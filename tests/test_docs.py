@@ -118,8 +118,8 @@ def test_the_layout_page_names_every_path_it_should_and_only_paths_that_exist():
 
 def test_the_layout_check_sees_a_moved_module_and_a_new_folder():
     page = LAYOUT.read_text()
-    moved = page.replace("`training/spotray/worker/loop.py`", "`training/spotray/train/loop.py`")
-    assert named_paths(moved)[1] == ["training/spotray/train/loop.py"]
+    moved = page.replace("`training/spotray/driver/`", "`training/spotray/launcher/`")
+    assert {"training/spotray/launcher/", "launch.py (in .)"} <= set(named_paths(moved)[1])
     renamed = page.replace("`chunks.py`", "`chunk.py`")
     assert named_paths(renamed)[1] == [f"chunk.py (in ., {PACKAGE}/data)"]
     named, _ = named_paths(page)

@@ -1,4 +1,5 @@
-"""The import rule, read off the source: a module imports only its own layer and the layers below it.
+"""The import rule, read off the source: a module imports only its own layer and the layers below it; inside the
+package ``spotray``, only its own package and the packages below it.
 
     training  <-  infra.kernel  <-  infra.aws | cluster | monitoring  <-  the root (the rest of infra, policy/,
                                                                           __main__.py)
@@ -24,6 +25,15 @@ LAYERS = {"spotray": ("training", 0), "infra.kernel": ("kernel", 1), "infra.aws"
 SOURCES = ("training", "infra", "cluster", "monitoring", "policy", "__main__.py")
 PACKAGES_ROOT = Path(*tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
     "where"])  # where the installed package's folder lies
+
+
+# The package spotray, lowest first (each package's docstring says the same): a module imports the base modules at the
+# package's root, its own package and the packages before it. The rest of the root (cli, demo, export, hf) and the
+# packages of commands, drills and examples, TOP_PACKAGES, may import any of them; none of them imports those.
+SPOTRAY_BASE = ("config", "errors", "storage", "renames", "formats", "ray_local")
+SPOTRAY_PACKAGES = ("accounts", "checkpoints", "data", "tasks", "tracking", "step", "worker", "reports", "planning",
+                    "driver")
+TOP_PACKAGES = ("bench", "drills", "examples", "configs")
 
 
 def layer(module: str) -> tuple[str, int] | None:
@@ -60,6 +70,33 @@ def violations(path: Path) -> list[str]:
     return found
 
 
+def spotray_layer(module: str) -> tuple[str, int] | None:
+    parts = module.split(".")
+    if parts[0] != "spotray":
+        return None
+    head = parts[1] if len(parts) > 1 else ""
+    if head in SPOTRAY_BASE:
+        return "base", 0
+    if head in SPOTRAY_PACKAGES:
+        return head, 1 + SPOTRAY_PACKAGES.index(head)
+    return "top", 1 + len(SPOTRAY_PACKAGES)
+
+
+def package_violations(path: Path) -> list[str]:
+    importer = spotray_layer(module_name(path))
+    if importer is None or importer[0] == "top":
+        return []
+    found = []
+    for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
+        imported = spotray_layer(module)
+        if imported is None or imported[0] == importer[0]:
+            continue
+        if imported[1] >= importer[1]:
+            found.append(f"{path.relative_to(REPO)}:{line} (spotray.{importer[0]}) imports {module} "
+                         f"(spotray.{imported[0]})")
+    return found
+
+
 def python_files() -> list[Path]:
     files = []
     for source in SOURCES:
@@ -70,6 +107,33 @@ def python_files() -> list[Path]:
 
 def test_no_module_imports_a_layer_above_or_beside_its_own():
     assert [v for path in python_files() for v in violations(path)] == []
+
+
+def test_no_module_of_spotray_imports_a_package_above_or_beside_its_own():
+    assert [v for path in python_files() for v in package_violations(path)] == []
+
+
+def test_every_package_of_spotray_has_its_place_in_the_order():
+    package = REPO / PACKAGES_ROOT / "spotray"
+    folders = {path.name for path in package.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert folders == set(SPOTRAY_PACKAGES) | set(TOP_PACKAGES)
+
+
+@pytest.mark.parametrize(("source", "importer", "expected"), [
+    ("from spotray.worker.loop import train\n", "training/spotray/accounts/cost.py",
+     "(spotray.accounts) imports spotray.worker.loop.train (spotray.worker)"),
+    ("def f():\n    from spotray.driver import launch\n", "training/spotray/config.py",
+     "training/spotray/config.py:2 (spotray.base) imports spotray.driver.launch (spotray.driver)"),
+    ("from spotray.reports import status\n", "training/spotray/planning/planner.py", ""),
+    ("from spotray import cli\n", "training/spotray/tasks/gpt.py", "imports spotray.cli (spotray.top)"),
+])
+def test_the_package_rule_catches_an_import_that_goes_up_or_sideways(tmp_path, monkeypatch, source, importer,
+                                                                     expected):
+    path = tmp_path / importer
+    path.parent.mkdir(parents=True)
+    path.write_text(source)
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    assert expected in " ".join(package_violations(path)) if expected else package_violations(path) == []
 
 
 @pytest.mark.parametrize(("source", "importer", "expected"), [

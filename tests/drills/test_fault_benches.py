@@ -1,13 +1,13 @@
 """The benches whose runs are fault drills (``spotray bench recovery``, ``goodput``, ``planner``) at their smallest
-size, as ``tests/training/test_bench.py`` runs the others: their JSON has its keys and its figures are in range. Here
-they run in this process on the drills' shared cluster, and the goodput and planner benches on the demo's corpus,
+size, as ``tests/training/bench/test_bench.py`` runs the others: their JSON has its keys and its figures are in range.
+Here they run in this process on the drills' shared cluster, and the goodput and planner benches on the demo's corpus,
 which the demo's drill prepared: starting a cluster and preparing the corpus cost more than a drill's training."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.training.test_bench import assert_made_by, assert_ratios
+from tests.training.bench.test_bench import assert_made_by, assert_ratios
 
 
 @pytest.mark.cluster

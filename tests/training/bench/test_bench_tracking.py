@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.test_bench import assert_ratios, bench
+from tests.training.bench.test_bench import assert_ratios, bench
 
 
 @pytest.mark.e2e  # a bench command on the session's Ray
