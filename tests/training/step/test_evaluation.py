@@ -17,6 +17,25 @@ from tests.training.configs import make_config
 from tests.training.runs import train_locally
 
 EVAL = ("eval.every_steps=10", "eval.samples=37")  # 37: no world size here divides it, so ranks pad
+# Training draws dropout masks from the RNG, so an evaluation that drew from it too would change every later step.
+DROPOUT = "model.dropout=0.1"
+# An evaluation that draws from the training RNG, to show that the no-effect test sees it.
+RNG_IN_EVAL_TASK = """
+import torch
+
+from spotray.tasks.gpt import GPTTask
+
+
+class RngInEval(GPTTask):
+    def loss(self, model, batch):
+        if not model.training:
+            torch.rand(1)
+        return super().loss(model, batch)
+
+
+def make_task(cfg):
+    return RngInEval(cfg)
+"""
 
 
 def test_sample_ids_spread_over_the_set_from_no_rng():
@@ -77,8 +96,8 @@ def test_one_and_two_workers_ddp_and_fsdp_report_the_same_val_loss_on_the_same_m
 @pytest.mark.e2e
 def test_evaluation_leaves_training_bitwise_unchanged_and_a_resume_evaluates_no_step_twice(parallel,
                                                                                           split_dataset_url, tmp_path):
-    on = ("checkpoint.keep_best=true", "checkpoint.keep_last=1", f"parallel={parallel}", *EVAL)
-    off = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-off", f"parallel={parallel}"))
+    on = ("checkpoint.keep_best=true", "checkpoint.keep_last=1", f"parallel={parallel}", DROPOUT, *EVAL)
+    off = train_locally(make_config(split_dataset_url, str(tmp_path), "eval-off", f"parallel={parallel}", DROPOUT))
     train_locally(make_config(split_dataset_url, str(tmp_path), "eval-on", *on, "train.stop_at_step=20"))
     cfg = make_config(split_dataset_url, str(tmp_path), "eval-on", *on)
     resumed = train_locally(cfg)
@@ -97,6 +116,19 @@ def test_evaluation_leaves_training_bitwise_unchanged_and_a_resume_evaluates_no_
     assert export(f"{tmp_path}/eval-on", str(tmp_path / "best"), best=True)["step"] == int(best)
     with pytest.raises(ExportError, match="--best: no committed checkpoint of .* has a validation loss"):
         export(f"{tmp_path}/eval-off", str(tmp_path / "none"), best=True)
+
+
+@pytest.mark.e2e
+def test_the_no_effect_check_fails_on_an_evaluation_that_draws_from_the_training_rng(split_dataset_url, tmp_path,
+                                                                                     monkeypatch):
+    (tmp_path / "rng_in_eval_task.py").write_text(RNG_IN_EVAL_TASK)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned workers start with this process's sys.path
+    task = ("model.task=rng_in_eval_task:make_task", DROPOUT, "train.max_steps=20")
+    off = train_locally(make_config(split_dataset_url, str(tmp_path), "rng-off", *task))
+    on = train_locally(make_config(split_dataset_url, str(tmp_path), "rng-on", *task, *EVAL))
+    first = [str(step) for step in range(1, 11)]  # up to the first evaluation, at step 10
+    assert [on["losses"][s] for s in first] == [off["losses"][s] for s in first]
+    assert on["losses"]["11"] != off["losses"]["11"] and on["param_sha256"] != off["param_sha256"]
 
 
 def bad_run(tmp_path, capsys, data: str, *overrides: str) -> str:

@@ -20,7 +20,7 @@ from spotray.driver import launch
 from spotray.errors import TrainingFailed
 from spotray.examples import conv_lm
 from spotray.storage import resolve
-from spotray.worker import loop
+from spotray.worker import attempt
 from tests.corpus import write_corpus
 from tests.repo import readme_example
 from tests.training.runs import cli_env
@@ -79,7 +79,7 @@ def example_config(data: str, ckpt: Path, name: str, *overrides: str) -> config.
 def train(cfg: config.TrainConfig) -> dict:
     """The run on a gloo process group; its summary, with every step's loss, from the ledger."""
     train_on_process_group(cfg.to_dict(), cfg.scaling.num_workers)
-    return launch.summarize(cfg, num_samples=0, root=loop.run_root(cfg))
+    return launch.summarize(cfg, num_samples=0, root=attempt.run_root(cfg))
 
 
 @pytest.mark.e2e

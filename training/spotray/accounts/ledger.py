@@ -152,7 +152,7 @@ class AttemptInfo:
     world_size: int
     per_rank_batch: int
     started_at: float = field(default_factory=time.time)
-    nodes: list[str] = field(default_factory=list)  # the node each rank ran on (``nodes.this_node``)
+    nodes: list[str] = field(default_factory=list)  # the node each rank ran on (``node_records.this_node``)
     gpus_per_worker: float = 0.0
 
 

@@ -40,7 +40,7 @@ def progress_line(status: dict, tokens_per_step: int) -> str:
 
 class ProgressMonitor:
     """Polls the run's attempts while ``fit`` runs; a TTY gets one rewritten line, a log a line every 10 s.
-    ``placement`` (``capacity.worker_group_placement`` bound to the run's scaling) tells when Ray has been unable to
+    ``placement`` (``placement.worker_group_placement`` bound to the run's scaling) tells when Ray has been unable to
     place the worker group for ``WAITING_AFTER_S``: one line per wait."""
 
     def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0,

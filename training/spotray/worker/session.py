@@ -2,7 +2,7 @@
 
 One ``Session`` per worker of an attempt (``spotray train --script`` opens it). It keeps the attempt's ledger,
 checkpoint cadence and notice handling with the same parts as spotray's own loop (``cadence.Cadence``,
-``loop.open_records``), and the script's files as checkpoints (``files_checkpoint``). Outside ``spotray train
+``attempt.open_records``), and the script's files as checkpoints (``checkpoints.script_files``). Outside ``spotray train
 --script`` (a script run as it is) every call does nothing, so the same script runs anywhere.
 """
 
