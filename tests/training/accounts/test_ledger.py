@@ -1,0 +1,39 @@
+"""The exactly-once audit (``ledger.verify_exactly_once``), the check behind every run's "exactly once: yes": it passes
+a run that trained each sample of an epoch once, across a resume that trained steps again, and fails on each defect
+it guards: a sample trained twice in an epoch, a step nobody recorded."""
+
+import pytest
+
+from spotray.accounts import ledger
+from spotray.storage import Location, resolve
+
+NUM_SAMPLES = 8  # an epoch: 4 steps of 2 ranks x 1 sample
+
+
+def audit_root(tmp_path, *attempts: tuple[int, list[list[int]]]) -> Location:
+    """Each attempt as (the step it resumed from, the sample ids each rank recorded, one per step)."""
+    root = resolve(str(tmp_path / "audit"))
+    for number, (from_step, ranks) in enumerate(attempts):
+        info = ledger.AttemptInfo(f"attempt-{number}", from_step, world_size=len(ranks), per_rank_batch=1)
+        ledger.write_attempt(root, info)
+        for rank, ids in enumerate(ranks):
+            root.child(info.attempt_id, f"rank-{rank:05d}.txt").write_text("".join(f"{i}\n" for i in ids))
+    return root
+
+
+def test_every_sample_once_per_epoch_across_a_resume_passes(tmp_path):
+    # the first attempt trained steps 1-3 and was lost after its checkpoint at 2; the second resumed from step 2
+    root = audit_root(tmp_path, (0, [[0, 2, 4], [1, 3, 5]]), (2, [[4, 6, 8], [5, 7, 9]]))
+    result = ledger.verify_exactly_once(root, NUM_SAMPLES, final_step=5)
+    assert result == ledger.AuditResult(True, 5, 10, 0, [])
+
+
+@pytest.mark.parametrize(("second_attempt", "duplicates", "missing"), [
+    ([[4, 2, 8], [5, 7, 9]], 1, []),  # sample 2 trained again at step 4, in the epoch that trained it at step 2
+    ([[4], [5]], 0, [4, 5]),  # the second attempt recorded step 3 only
+])
+def test_a_sample_trained_twice_in_an_epoch_or_a_step_not_recorded_fails(tmp_path, second_attempt, duplicates,
+                                                                         missing):
+    root = audit_root(tmp_path, (0, [[0, 2, 4], [1, 3, 5]]), (2, second_attempt))
+    result = ledger.verify_exactly_once(root, NUM_SAMPLES, final_step=5)
+    assert not result.exactly_once and (result.duplicates, result.missing_steps) == (duplicates, missing)
