@@ -32,15 +32,21 @@ def assert_losses_close(a: dict[int, float], b: dict[int, float], tol: float) ->
     assert worst <= tol, f"largest per-step loss difference {worst:.2e} > {tol:.0e}"
 
 
+# Dropout draws from each rank's RNG at every step: a resume that did not restore the RNG would change every step after.
+DROPOUT = "model.dropout=0.1"
+
+
 @pytest.fixture(scope="module")
 def straight(dataset_url, tmp_path_factory):
-    """40 uninterrupted steps for each parallelism, and one with a single worker (same global batch), each on a bare
-    process group."""
+    """40 uninterrupted steps for each parallelism, with and without dropout, and one with a single worker (same
+    global batch), each on a bare process group."""
     root = str(tmp_path_factory.mktemp("straight"))
     return {
         "ddp": train_locally(make_config(dataset_url, root, "ddp", "parallel=ddp")),
         "fsdp": train_locally(make_config(dataset_url, root, "fsdp", "parallel=fsdp")),
         "ddp-1": train_locally(make_config(dataset_url, root, "ddp1", "scaling.num_workers=1")),
+        "ddp-dropout": train_locally(make_config(dataset_url, root, "ddp-dropout", "parallel=ddp", DROPOUT)),
+        "fsdp-dropout": train_locally(make_config(dataset_url, root, "fsdp-dropout", "parallel=fsdp", DROPOUT)),
     }
 
 
@@ -48,13 +54,16 @@ def straight(dataset_url, tmp_path_factory):
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.e2e
 def test_stop_at_20_and_resume_to_40_is_bitwise_identical(parallel, straight, dataset_url, tmp_path):
-    first = RUN[parallel](make_config(dataset_url, str(tmp_path), "r", f"parallel={parallel}", "train.stop_at_step=20"))
+    first = RUN[parallel](make_config(dataset_url, str(tmp_path), "r", f"parallel={parallel}", DROPOUT,
+                                      "train.stop_at_step=20"))
     assert first["final_step"] == 20
-    resumed = RUN[parallel](make_config(dataset_url, str(tmp_path), "r", f"parallel={parallel}"))
+    resumed = RUN[parallel](make_config(dataset_url, str(tmp_path), "r", f"parallel={parallel}", DROPOUT))
     assert resumed["final_step"] == 40
-    assert resumed["param_sha256"] == straight[parallel]["param_sha256"]
-    assert losses(resumed) == losses(straight[parallel])  # exact, not approximately
-    assert resumed["samples_consumed"] == straight[parallel]["samples_consumed"] == 40 * 12
+    reference = straight[f"{parallel}-dropout"]
+    assert resumed["param_sha256"] == reference["param_sha256"]
+    assert losses(resumed) == losses(reference)  # exact, not approximately
+    assert resumed["samples_consumed"] == reference["samples_consumed"] == 40 * 12
+    assert losses(reference) != losses(straight[parallel])  # the dropout drew from the RNG
 
 
 def test_ddp_and_fsdp_losses_match(straight):
