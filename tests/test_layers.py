@@ -113,6 +113,49 @@ def test_no_module_of_spotray_imports_a_package_above_or_beside_its_own():
     assert [v for path in python_files() for v in package_violations(path)] == []
 
 
+def spotray_imports() -> dict[str, set[str]]:
+    """module -> the modules of spotray it imports anywhere."""
+    files = {module_name(path): path for path in (REPO / PACKAGES_ROOT / "spotray").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        imported = set()
+        for _, name in imported_modules(ast.parse(path.read_text(), str(path))):
+            while name and name not in files:  # spotray.x.y.name -> the module spotray.x.y
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                imported.add(name)
+        graph[module] = imported
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One path for each import cycle found by a depth-first walk."""
+    found, done, path = [], set(), []
+
+    def walk(module: str) -> None:
+        path.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if imported in path:
+                found.append(path[path.index(imported):] + [imported])
+            elif imported not in done:
+                walk(imported)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            walk(module)
+    return found
+
+
+def test_no_modules_of_spotray_import_each_other_in_a_cycle():
+    assert cycles(spotray_imports()) == []
+
+
+def test_the_cycle_check_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
 def test_every_package_of_spotray_has_its_place_in_the_order():
     package = REPO / PACKAGES_ROOT / "spotray"
     folders = {path.name for path in package.iterdir() if path.is_dir() and path.name != "__pycache__"}

@@ -7,7 +7,7 @@ import pytest
 
 from spotray.errors import ConfigError
 from spotray.renames import MOVED, renamed
-from spotray.tasks import load_task
+from spotray.tasks.load import load_task
 from tests.training.configs import make_config
 
 

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from spotray.config import from_dict
 from spotray.step.optim import build_optimizer
 from spotray.step.sampler import ElasticSampler
-from spotray.tasks import load_task
+from spotray.tasks.load import load_task
 
 
 def main(config_json: str) -> None:

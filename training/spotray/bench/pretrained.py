@@ -54,7 +54,7 @@ def _sharded_load(rank: int, world_size: int, config_dict: dict) -> list[tuple[i
     import torch.distributed as dist
 
     from spotray.step.parallel import parallelize
-    from spotray.tasks import load_task
+    from spotray.tasks.load import load_task
 
     cfg = config.from_dict(config_dict)
     task = load_task(cfg)

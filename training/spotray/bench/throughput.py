@@ -17,7 +17,7 @@ from spotray import config
 from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.driver import launch
 from spotray.errors import SpotrayError
-from spotray.tasks import load_task
+from spotray.tasks.load import load_task
 from spotray.worker.telemetry import peak_flops
 
 GPU_BATCH_PER_WORKER = 64  # sequences per GPU and step: llm.c's GPT-2 124M shape (-b 64 -t 1024)

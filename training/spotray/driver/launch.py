@@ -36,7 +36,8 @@ from spotray.errors import ClusterLost, StorageError, TrainingFailed
 from spotray.ray_local import start_local_ray
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
-from spotray.tasks import Task, load_task
+from spotray.tasks import Task
+from spotray.tasks.load import load_task
 from spotray.tracking import Follower, check_installed, read_gaps
 from spotray.worker import memory, user_script
 from spotray.worker.attempt import WorkerEnv, run_root

@@ -36,7 +36,8 @@ from spotray.step.optim import allocate_state, build_optimizer, build_scheduler
 from spotray.step.parallel import gradient_sync, parallelize
 from spotray.step.sampler import ElasticSampler
 from spotray.storage import Location
-from spotray.tasks import Samples, Task, TaskError, load_task
+from spotray.tasks import Samples, Task, TaskError
+from spotray.tasks.load import load_task
 from spotray.worker import memory
 from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
