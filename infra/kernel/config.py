@@ -485,6 +485,7 @@ class StackConfig(Section):
 
 
 _AWS_ONLY = ("network", "kubernetes", "core_pool", "gpu_pools")  # StackConfig fields
+_AWS_KEYS = tuple(key_of(StackConfig, name) for name in _AWS_ONLY)  # and their keys in a stack file
 
 
 def from_values(project: str, stack: str, values: Mapping[str, Any], region: str | None,
@@ -492,8 +493,7 @@ def from_values(project: str, stack: str, values: Mapping[str, Any], region: str
     """``values``: the ``spotray:`` keys without their namespace, as Pulumi or the stack file gives them;
     ``project_dir``: where paths in them are relative to (default: the working directory, as under Pulumi).
     An AWS section left empty in a stack file (``spotray:network:``) is null: it reads as absent, with its defaults."""
-    aws_keys = {key_of(StackConfig, name) for name in _AWS_ONLY}
-    values = {key: value for key, value in values.items() if value is not None or key not in aws_keys}
+    values = {key: value for key, value in values.items() if value is not None or key not in _AWS_KEYS}
     try:
         cfg = read(StackConfig, values, "", _defaults(stack, values), project=project, stack=stack, region=region)
     except ConfigError as exc:
@@ -510,9 +510,8 @@ def _defaults(stack: str, values: Mapping[str, Any]) -> dict[type, dict[str, Any
     nat_gateways = "perAz" if environment == "prod" else "single"
     defaults: dict[type, dict[str, Any]] = {StackConfig: {"environment": stack},
                                             NetworkConfig: {"nat_gateways": nat_gateways}}
-    aws_keys = [key_of(StackConfig, name) for name in _AWS_ONLY]
     if values.get(key_of(StackConfig, "platform")) == "existing":
-        given = [key for key in aws_keys if values.get(key)]
+        given = [key for key in _AWS_KEYS if values.get(key)]
         if given:
             raise ConfigError(given[0], "is not used on platform existing (no AWS resources)",
                               "remove it from the stack file")

@@ -18,7 +18,7 @@ from spotray.bench.common import bench_corpus, machine, new_workdir
 from spotray.driver import launch
 from spotray.errors import SpotrayError
 from spotray.tasks.load import load_task
-from spotray.worker.telemetry import peak_flops
+from spotray.worker.telemetry import model_flops_utilization, peak_flops
 
 GPU_BATCH_PER_WORKER = 64  # sequences per GPU and step: llm.c's GPT-2 124M shape (-b 64 -t 1024)
 GPU_SEQ_LEN = 1024  # 16 x 256 tokens kept an H100 at 6 % MFU: launch-bound, not a measure of the loop
@@ -75,9 +75,7 @@ def _mfu(cfg: config.TrainConfig, tokens_per_s: float) -> float | None:
     task = load_task(cfg)
     with torch.device("meta"):
         flops_per_token = task.flops_per_unit(task.build_model())
-    if flops_per_token is None:
-        return None
-    return tokens_per_s * flops_per_token / (peak * cfg.scaling.num_workers)
+    return model_flops_utilization(tokens_per_s, flops_per_token, peak * cfg.scaling.num_workers)
 
 
 def _hf_name(cfg: config.TrainConfig) -> str:
