@@ -1,14 +1,15 @@
 """Kubernetes RBAC of the training namespace as plain data: the Ray head's own service account, and the one right
-beyond its namespace that it needs: ``get`` on nodes, so that the driver can read what each worker runs on (instance
-type, capacity type, zone: the labels Karpenter and EKS set) to price the run. Workers and the job submitter keep
-the training service account, which may read nothing of the cluster."""
+beyond its namespace that it needs: reading nodes (``get`` and ``list``), so that the driver can read what each
+worker runs on (instance type, capacity type, zone: the labels Karpenter and EKS set) to price the run, and see a
+node the run holds vanish (the evidence that a spot interruption ended an attempt). Workers and the job submitter
+keep the training service account, which may read nothing of the cluster."""
 
 from __future__ import annotations
 
 from infra.kernel.names import APP, APP_LABEL, HEAD_SERVICE_ACCOUNT, NODE_READER_ROLE
 
 RBAC_API = "rbac.authorization.k8s.io"
-NODE_READER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+NODE_READER_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
 
 
 def _labels() -> dict[str, str]:

@@ -102,7 +102,7 @@ def training_dashboard() -> Dashboard:
              .with_panel(_series("Failed checkpoint saves (storage outages)", "none",
                                  ("{{run}}", _by_run("checkpoint_failed_saves"))))
              .with_row(gd.Row("Interruptions"))
-             .with_panel(_series("Interruptions (preemptions, lost nodes)", "none",
+             .with_panel(_series("Spot interruptions (notices, lost spot nodes; not stops or errors)", "none",
                                  ("{{run}}", _by_run("interruptions"))))
              .with_panel(_series("Lost steps: counted, and at most (a kill can take unwritten records)", "none",
                                  ("{{run}} counted", _by_run("lost_steps")),

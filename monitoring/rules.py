@@ -39,7 +39,7 @@ def training_rules(t: AlertThresholds) -> list[dict]:
                "max by (run) (max_over_time(ray_spotray_interruptions[1h])) "
                f"- min by (run) (min_over_time(ray_spotray_interruptions[1h])) >= {t.preemptions_per_hour}",
                "0m", "warning",
-               f"Run {{{{ $labels.run }}}} was interrupted {t.preemptions_per_hour} or more times in an hour: "
+               f"Run {{{{ $labels.run }}}} had {t.preemptions_per_hour} or more spot interruptions in an hour: "
                "consider other instance types or on-demand fallback"),
         _alert("SpotrayGpuUtilizationLow",
                f"avg(DCGM_FI_DEV_GPU_UTIL) < {t.gpu_utilization_below} and on () (count(ray_spotray_step) > 0)",

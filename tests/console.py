@@ -5,16 +5,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from spotray.accounts import endings
+
 # What a default run may print on the terminal, by kind; anything else belongs in the log file.
 LINE_KINDS = {
     "header": re.compile(r"^spotray( demo)?: (run |log |\d+ steps of )"),
     "progress": re.compile(r"^(spotray: step \d+/\d+ \||prepare: [\d,]+ docs \|)"),
-    "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|INTERRUPTED|FAILURE) at step \d+"),
-    "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED) from step \d+"),
+    "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|SPOT INTERRUPTION without notice|INTERRUPTED|FAILURE) "
+                               r"at step \d+"),
+    "pause": re.compile(r"^spotray: the run was (finished|stopped by the user) at step \d+: not an interruption"),
+    "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED|CONTINUING) from step \d+"),
     "waiting": re.compile(r"^spotray: WAITING for capacity: "),
     "warning": re.compile(r"^spotray: (warning|error): "),
-    "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |event |-+ |notice |kill |error "
-                          r"|goodput )"),
+    "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |ending |-+ |goodput |"
+                          rf"({'|'.join(endings.DESCRIPTIONS)}) )"),
 }
 
 

@@ -18,7 +18,7 @@ _NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # Kubernetes sets it on e
 # Ray head's, which alone may also read nodes (the driver looks up what its workers run on)
 TRAINING_SERVICE_ACCOUNT = "spotray-training"
 HEAD_SERVICE_ACCOUNT = "spotray-head"
-NODE_READER_ROLE = "spotray-node-reader"  # ClusterRole: get on nodes, nothing else
+NODE_READER_ROLE = "spotray-node-reader"  # ClusterRole: get and list on nodes, nothing else
 
 # Pod labels
 APP_LABEL, APP = "app.kubernetes.io/name", "spotray"

@@ -33,11 +33,11 @@ def test_the_render_holds_the_builders_head_account_role_and_binding_valid_for_t
         check_valid(obj, cfg.kubernetes.version)
 
 
-def test_the_rbac_in_the_render_grants_get_on_nodes_and_nothing_else_to_the_head_only(rendered):
+def test_the_rbac_in_the_render_grants_reading_nodes_and_nothing_else_to_the_head_only(rendered):
     _, objects = rendered
     (role,) = of_kinds(objects, "Role", "ClusterRole")
     assert role["metadata"]["name"] == "spotray-node-reader"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]
     assert "aggregationRule" not in role
     (binding,) = of_kinds(objects, "RoleBinding", "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",

@@ -43,7 +43,8 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     written = json.loads((tmp_path / "demo.json").read_text())
     assert written["injected"] == ["notice", "kill"]
     events = written["events"]
-    assert [e["kind"] for e in events] == ["notice", "kill"], events
+    assert [e["kind"] for e in events] == ["notice", "kill"], events  # from the evidence: the notice, Ray's reason
+    assert "UNEXPECTED_TERMINATION" in events[1]["reason"] and all(e["spot"] for e in events)
     assert events[0]["lost_steps"] == events[0]["lost_steps_at_most"] == 0  # exact after a committed notice
     assert 0 <= events[1]["lost_steps"] <= written["checkpoint_every_steps"] == 25
     assert events[1]["lost_steps_at_most"] == events[1]["lost_steps"] + 2 * 5 - 1  # two log intervals unwritten
@@ -62,8 +63,8 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert bill["interruptions"] == 2 and len(bill["nodes"]) >= 3 and bill["on_demand_usd"] > 0, bill
     out, err = capfd.readouterr()
     assert "(example prices)" in out, out
-    assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step", "INTERRUPTED at step",
-                         "loss curve: ")
+    assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step",
+                         "SPOT INTERRUPTION without notice at step", "loss curve: ")
     assert [line_kind(line) for line in err.splitlines()].count("recovery") == 3  # the move and two resumptions
     run_root = Path(demo_workdir) / written["run_name"]
     assert_full_log(the_log(run_root, err), last_step=150)
@@ -96,8 +97,9 @@ def _assert_trackers_hold_one_uninterrupted_run(written: dict, uninterrupted: di
     assert run.data.params["train.max_steps"] == "150"
     assert mlflow_points(mlflow_uri, run.info.run_id, "cost/usd"), "the live cost reaches the trackers"
     assert run.data.metrics["summary/cost_usd"] == written["cost"]["usd"]
-    interruptions = [k for k in run.data.tags if k.startswith("spotray.interruption.")]
-    assert len(interruptions) == 2 and '"kind": "notice"' in run.data.tags["spotray.interruption.1"]
+    ends = [k for k in run.data.tags if k.startswith("spotray.ending.")]
+    assert len(ends) == 2 and '"kind": "notice"' in run.data.tags["spotray.ending.1"]
+    assert run.data.metrics["summary/spot_interruptions"] == 2
 
     board = tensorboard_points(tensorboard_dir / written["run_name"], "train/loss")
     assert_one_point_per_step(board)

@@ -36,6 +36,8 @@ def test_each_check_fails_on_what_it_guards():
     assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], HELD_AT_MOST + 1, 100, SAVES)[
         "storage_within_retention"]
     assert not soak_checks(RUN, {"param_sha256": "a"}, [], faults, [], 4, 100, SAVES)["status_agrees"]
+    unknown = [{**events[0], "kind": "unknown"}]
+    assert not soak_checks(RUN, {"param_sha256": "a"}, unknown, faults, [], 4, 100, SAVES)["endings_from_evidence"]
     corrupt = [{"kind": "corrupt", "injected_s": 0.1, "corrupted_step": 90}]
     resumed = [{**events[0], "resumed_from": 90}]
     checks = soak_checks(RUN, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100, SAVES)

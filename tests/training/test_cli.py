@@ -155,8 +155,15 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     again = subprocess.run([str(SPOTRAY), "train", *run, "--set", "train.max_steps=8", "--verbose", "--json"],
                            capture_output=True, text=True, timeout=180, env={**image_env, "RAY_ADDRESS": ray_address})
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout)["final_step"] == 8, "--json keeps stdout pure JSON"
+    extended = json.loads(again.stdout)
+    assert extended["final_step"] == 8, "--json keeps stdout pure JSON"
     assert "spotray INFO: step 8/8" in again.stderr, "--verbose shows the workers' lines"
+    # A finished run extended: the pause between the two commands is neither an interruption nor the run's time.
+    assert "the run was finished at step 6: not an interruption" in again.stderr, again.stderr[-3000:]
+    assert "CONTINUING from step 6" in again.stderr and "RESUMED" not in again.stderr
+    (finished,) = extended["events"]
+    assert (finished["kind"], finished["spot"], finished["recovery_s"]) == ("finished", False, None)
+    assert extended["spot_interruptions"] == 0 and extended["time"]["paused_s"] > 0
 
 
 @pytest.mark.cluster  # starts a Ray of its own

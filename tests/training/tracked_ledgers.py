@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.storage import Location
 
 LOG_EVERY, EVAL_EVERY = 5, 10
@@ -36,11 +36,15 @@ def evaluation(step: int) -> dict:
     return {"val_loss": 5.0 / step, "val_perplexity": math.exp(5.0 / step), "accuracy": step / 100}
 
 
+KILLED = "node n1 (spot) lost: Ray says UNEXPECTED_TERMINATION"  # the driver's record of a kill
+
+
 def write_attempt(root: Location, attempt_id: str, from_step: int, last_step: int, started_at: float,
-                  notice_at: float | None = None) -> None:
+                  notice_at: float | None = None, killed: bool = False) -> None:
     """Attempt ``attempt_id`` trained steps ``from_step+1 .. last_step``, from ``started_at`` on (one second a step),
     with a log interval every LOG_EVERY steps and an evaluation every EVAL_EVERY; ``notice_at``: it ended on a
-    preemption notice at its last step, whose emergency checkpoint committed."""
+    preemption notice at its last step, whose emergency checkpoint committed; ``killed``: the driver saw its spot node
+    lost (``KILLED``)."""
     ledger.write_attempt(root, ledger.AttemptInfo(attempt_id, from_step, world_size=RANKS, per_rank_batch=4,
                                                   started_at=started_at))
     writer = ledger.RecordWriter()
@@ -60,6 +64,8 @@ def write_attempt(root: Location, attempt_id: str, from_step: int, last_step: in
                  step=last_step, notice=notice)
     writer.put(clock.location, json.dumps(clock.status))  # flush() would stamp last_seen with now
     writer.close(timeout_s=10)
+    if killed:
+        endings.record(root, attempt_id, endings.KILL, KILLED)
 
 
 def expected_series(root: Location) -> dict[str, dict[int, float]]:

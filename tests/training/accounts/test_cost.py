@@ -12,14 +12,16 @@ SPOT, ON_DEMAND = 1.0, 3.0  # USD per hour
 
 
 def attempt(attempt_id: str, from_step: int, last_step: int, entered: float, last_seen: float, nodes: list[str],
-            notice: bool = False, gpus_per_worker: float = 0.0, tokens: int | None = 100) -> goodput.AttemptRecord:
-    """An attempt whose steps from_step+1..last_step took 10 s and trained ``tokens`` each."""
+            notice: bool = False, gpus_per_worker: float = 0.0, tokens: int | None = 100,
+            ended: str | None = None) -> goodput.AttemptRecord:
+    """An attempt whose steps from_step+1..last_step took 10 s and trained ``tokens`` each; ``ended``: the ending the
+    driver recorded for it."""
     info = ledger.AttemptInfo(attempt_id, from_step, len(nodes), 4, started_at=entered, nodes=nodes,
                               gpus_per_worker=gpus_per_worker)
     status = {"entered_at": entered, "last_seen": last_seen, "startup_s": 5.0, "checkpoint_save_s": 20.0,
               "eval_s": 0.0, "notice": {"at": last_seen, "step": last_step, "committed": True} if notice else None}
     steps = {s: ledger.StepRecord(attempt_id, 1.0, 10.0, tokens=tokens) for s in range(from_step + 1, last_step + 1)}
-    return goodput.AttemptRecord(info, status, steps)
+    return goodput.AttemptRecord(info, status, steps, recorded={"kind": ended, "reason": "test"} if ended else None)
 
 
 def node(name: str, created: float, capacity: str = "spot", gpus: int | None = None,
@@ -55,6 +57,38 @@ def test_a_spot_node_interrupted_after_its_first_hour_is_billed():
     bill = cost_of(interrupted_run(), [node("n1", T0), node("n2", T0 - 7200), node("n3", T0 + 1900)])
     n2 = next(b for b in bill.bills if b.name == "n2")
     assert not n2.free and n2.usd == pytest.approx(1740 / 3600 * SPOT)
+
+
+def killed_run(ending: str) -> list[goodput.AttemptRecord]:
+    """As ``interrupted_run``, but attempt a ends without a notice, by ``ending``."""
+    return [attempt("a", 0, 10, T0 + 60, T0 + 1800, ["n1", "n2"], ended=ending), interrupted_run()[1]]
+
+
+def test_only_the_spot_node_recorded_lost_is_free_after_a_kill():
+    lost = NodeFacts(**{**node("n2", T0).to_dict(), "lost_at": T0 + 1800, "lost_reason": "UNEXPECTED_TERMINATION"})
+    bill = cost_of(killed_run("kill"), [node("n1", T0), lost, node("n3", T0 + 1900)])
+    assert {b.name for b in bill.bills if b.free} == {"n2"} and bill.interruptions == 1
+    bill = cost_of(killed_run("kill"), [node("n1", T0), node("n2", T0), node("n3", T0 + 1900)])
+    assert not any(b.free for b in bill.bills)  # no node on record as lost: AWS interrupted none of them
+
+
+@pytest.mark.parametrize("ending", ["stopped", "error", "driver_lost", "head_lost", "node_lost", None])
+def test_an_ending_that_is_no_spot_interruption_frees_no_node_and_counts_no_interruption(ending):
+    lost = NodeFacts(**{**node("n2", T0).to_dict(), "lost_at": T0 + 1800, "lost_reason": "UNEXPECTED_TERMINATION"})
+    bill = cost_of(killed_run(ending), [node("n1", T0), lost, node("n3", T0 + 1900)])
+    assert not any(b.free for b in bill.bills) and bill.interruptions == 0
+    assert bill.interruptions_per_node_hour == 0.0
+
+
+def test_a_node_is_billed_for_the_attempts_around_a_pause_not_through_it():
+    """A stop, then a rerun on the same node a day later: the run did not hold it in between."""
+    records = [attempt("a", 0, 10, T0, T0 + 1000, ["n1"], ended="stopped"),
+               attempt("b", 10, 20, T0 + 87_400, T0 + 88_400, ["n1"])]
+    bill = cost_of(records, [node("n1", T0 - 7200)], warm_spares=1,
+                   head={"usd_per_hour": 0.5}, core_nodes=0)
+    assert [b.seconds for b in bill.bills] == [1000, 1000]
+    assert bill.usd == pytest.approx(2000 / 3600 * SPOT + 2000 / 3600 * SPOT)  # the nodes, and one warm spare
+    assert bill.head_and_core_usd == pytest.approx(2000 / 3600 * 0.5)
 
 
 def test_the_on_demand_counterfactual_has_the_kept_steps_the_first_start_and_the_saves_in_proportion():

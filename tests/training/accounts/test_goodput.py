@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.driver import progress
 from spotray.driver.progress import ProgressMonitor
 from spotray.storage import resolve
@@ -20,8 +20,8 @@ from tests.training.ledgers import write_attempt
 
 @pytest.fixture
 def run(tmp_path):
-    """A: trains 1-50, drain notice at step 50 (t=1090). B: resumes at 50, trains to 80, vanishes (t=1200).
-    C: resumes from the step-70 checkpoint and finishes at 100."""
+    """A: trains 1-50, drain notice at step 50 (t=1090). B: resumes at 50, trains to 80, and the driver sees its spot
+    node lost (t=1200). C: resumes from the step-70 checkpoint and finishes at 100."""
     root = resolve(str(tmp_path / "attempts"))
     root.child("run.json").write_text(json.dumps({"started_at": 1000.0}))
     write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "startup_s": 5.0, "restore_s": 0.0,
@@ -29,6 +29,7 @@ def run(tmp_path):
                                      "last_seen": 1110.0, "notice": {"step": 50, "at": 1090.0, "committed": True}})
     write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "startup_s": 4.0, "restore_s": 1.0,
                                       "first_step_at": 1140.0, "last_seen": 1200.0})
+    endings.record(root, "b", endings.KILL, "node ray-b (spot) lost: Ray says UNEXPECTED_TERMINATION")
     write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "startup_s": 4.0, "restore_s": 1.0,
                                        "checkpoint_save_s": 1.0, "first_step_at": 1225.0, "last_seen": 1300.0})
     return root
@@ -131,13 +132,18 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)  # attempt a belongs to an earlier driver
     write_attempt(root, "b", 50, 80, {"entered_at": 1130.0, "first_step_at": 1140.0, "last_seen": 1200.0,
                                       "step": 80, "log_every": 5})
+    write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "last_seen": 1216.0})
+    monitor.poll()  # no evidence yet of why b ended, and c has not trained: nothing said
+    endings.record(root, "b", endings.KILL, "node ray-b (spot) lost: Ray says UNEXPECTED_TERMINATION")
+    monitor.poll()
     write_attempt(root, "c", 70, 100, {"entered_at": 1215.0, "first_step_at": 1225.0, "last_seen": 1300.0,
                                        "step": 100})
     monitor.poll()
     monitor.poll()  # nothing is announced twice
-    lines = [line for line in stream.getvalue().splitlines() if "INTERRUPTED" in line or "RESUMED" in line]
+    lines = [line for line in stream.getvalue().splitlines() if "INTERRUPT" in line or "RESUMED" in line]
     assert lines == [
-        "spotray: INTERRUPTED at step 80 without notice (node or driver lost): resuming",
+        "spotray: SPOT INTERRUPTION without notice at step 80: spot node lost without notice (node ray-b (spot) "
+        "lost: Ray says UNEXPECTED_TERMINATION)",
         "spotray: RESUMED from step 70 on 2 workers, 25.0s after the interruption, 10 steps lost by the records, "
         "at most 19",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -72,6 +73,12 @@ def test_a_node_nothing_describes_is_recorded_unpriced(tmp_path, monkeypatch):
     assert node_records.read_nodes(root)["ray-a"].usd_per_hour is None
 
 
+@dataclass
+class ApiServer:
+    seen: list[tuple[str, str]]  # (path, Authorization) of each request
+    nodes: dict[str, dict]  # what the cluster has now, by name
+
+
 @pytest.fixture
 def api_server(tmp_path, monkeypatch):
     """An HTTPS server on loopback standing in for the API server, and a pod's service account directory."""
@@ -86,13 +93,16 @@ def api_server(tmp_path, monkeypatch):
                     "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
                     "-out", str(account / "ca.crt")], check=True, capture_output=True)
     (account / "token").write_text("pod-token\n")
-    seen = []
+    api = ApiServer([], {EKS_NODE["metadata"]["name"]: EKS_NODE})
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
-            seen.append((self.path, self.headers["Authorization"]))
-            known = self.path == f"/api/v1/nodes/{EKS_NODE['metadata']['name']}"
-            body = json.dumps(EKS_NODE if known else {"kind": "Status", "code": 404}).encode()
+            api.seen.append((self.path, self.headers["Authorization"]))
+            name = self.path.removeprefix("/api/v1/nodes/")
+            known = self.path == "/api/v1/nodes" or name in api.nodes
+            body = json.dumps({"kind": "NodeList", "apiVersion": "v1", "items": list(api.nodes.values())}
+                              if self.path == "/api/v1/nodes" else api.nodes.get(name)
+                              or {"kind": "Status", "code": 404}).encode()
             self.send_response(200 if known else 404)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -109,7 +119,7 @@ def api_server(tmp_path, monkeypatch):
     monkeypatch.setattr(node_records, "_SERVICE_ACCOUNT", account)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.server_address[1]))
-    yield seen
+    yield api
     server.shutdown()
 
 
@@ -118,7 +128,14 @@ def test_on_kubernetes_the_node_is_read_with_the_pods_service_account(api_server
     facts = node_records.kubernetes_node(EKS_NODE["metadata"]["name"])
     assert facts is not None
     assert facts.instance_type == "g5.12xlarge" and facts.zone == "us-east-1b"
-    assert api_server == [(f"/api/v1/nodes/{EKS_NODE['metadata']['name']}", "Bearer pod-token")]
+    assert api_server.seen == [(f"/api/v1/nodes/{EKS_NODE['metadata']['name']}", "Bearer pod-token")]
+
+
+def test_on_kubernetes_the_nodes_are_listed_by_name(api_server):
+    listed = node_records.kubernetes_nodes()
+    assert listed is not None and list(listed) == [EKS_NODE["metadata"]["name"]]
+    assert node_records.taint_keys(listed[EKS_NODE["metadata"]["name"]]) == ["nvidia.com/gpu"]
+    assert api_server.seen == [("/api/v1/nodes", "Bearer pod-token")]
 
 
 def test_a_node_the_api_does_not_return_is_unknown_with_a_warning_naming_the_role(api_server, caplog):

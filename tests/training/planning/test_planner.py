@@ -213,7 +213,7 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     spot = report["plans"][0]
     assert report["measured"]["goodput"] == pytest.approx(run.goodput, abs=1e-4)
     assert abs(spot["goodput"] - run.goodput) < 0.05
-    with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* the run saw 2 in"):
+    with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* the run saw 2 spot interruptions in"):
         estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64")
     estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64", "--interruptions-per-node-hour", "0.01",
              "--every-steps", "auto")  # flags override the run's figures
@@ -231,10 +231,11 @@ def test_the_7b_example_gives_the_goodputs_the_readme_shows(capsys):
 
 
 def interrupted_ledger(root: Path, kills: int, hours_each: float) -> str:
-    """A run on one node a time, killed ``kills`` times after ``hours_each`` hours of 100 steps (a save each 50)."""
+    """A run on one node a time, killed ``kills`` times after ``hours_each`` hours of 100 steps (a save each 50); the
+    driver recorded each kill as a spot node's loss."""
     import json as json_
 
-    from spotray.accounts import node_records
+    from spotray.accounts import endings, node_records
 
     attempts = resolve(str(root)).child("attempts")
     attempts.child(ledger._RUN_FILE).write_text(json_.dumps({"started_at": 1e9}))
@@ -249,6 +250,8 @@ def interrupted_ledger(root: Path, kills: int, hours_each: float) -> str:
         status = {"entered_at": at, "last_seen": at + hours_each * 3600, "restore_s": 10.0, "checkpoint_save_s": 2.0,
                   "first_step_at": at + 60 + step_s, "max_steps": 100 * (kills + 1)}
         writer.put(ledger.attempt_file(attempts, aid, goodput.STATUS_FILE), json_.dumps(status))
+        if k < kills:
+            endings.record(attempts, aid, endings.KILL, f"node n{k} (spot) lost: Ray says UNEXPECTED_TERMINATION")
         at += hours_each * 3600 + 60
     writer.close(timeout_s=10)
     facts = {f"n{k}": node_records.NodeFacts(f"n{k}", "g5.xlarge", "spot") for k in range(kills + 1)}
@@ -263,5 +266,5 @@ def test_other_sizes_use_the_rate_the_run_saw_once_it_is_trusted_else_ask_for_th
     report = json.loads(capsys.readouterr().out)
     assert report["inputs"]["interruptions_per_node_hour"] == pytest.approx(5 / 24, rel=0.01)
     short = interrupted_ledger(tmp_path / "short", kills=4, hours_each=4.0)  # 4 in 20 node-hours: not yet
-    with pytest.raises(SpotrayError, match="the run saw 4 interruptions in 20.0"):
+    with pytest.raises(SpotrayError, match="the run saw 4 spot interruptions in 20.0"):
         estimate("--from", short, "--every-steps", "50", "--nodes", "8,64")

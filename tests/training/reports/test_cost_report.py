@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
 import pytest
 
-from spotray.accounts import goodput, ledger, node_records
+from spotray.accounts import endings, goodput, ledger, node_records
 from spotray.cli import main
 from spotray.reports.status import format_text, gather
 from spotray.storage import resolve
@@ -35,6 +36,9 @@ def write_run(runs, name: str, price: float | None, interrupted: bool = False) -
     writer.close(timeout_s=10)
     facts = {n: node_records.NodeFacts(n, "g5.xlarge", "spot", "us-east-1a", T0 - 7200, 1, price,
                                        1.006 if price else None) for n in ("n1", "n2", "n3")}
+    if interrupted:  # the driver saw n2 go, and recorded it as what ended attempt a
+        facts["n2"] = replace(facts["n2"], lost_at=T0 + 2170, lost_reason="UNEXPECTED_TERMINATION")
+        endings.record(attempts, "a", endings.KILL, "node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION")
     attempts.child(node_records.NODES_FILE).write_text(json.dumps({n: f.to_dict() for n, f in facts.items()}))
     attempts.child(node_records.COST_FILE).write_text(json.dumps({"example_prices": False, "warm_spares": 0,
                                                                   "head": None}))
@@ -85,4 +89,4 @@ def test_status_shows_the_cost_and_the_rate_the_run_has_seen(tmp_path):
     assert bill["tokens"] == 100 * 1000  # the kept steps only
     text = format_text(status)
     assert "cost         $" in text and "per million tokens" in text and "spot saved" in text
-    assert "1 interruptions in" in text and "plan with the pool's rate" in text
+    assert "1 spot interruptions in" in text and "plan with the pool's rate" in text

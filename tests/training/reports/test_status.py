@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.cli import main
 from spotray.reports import status
@@ -46,6 +46,8 @@ def build_run(run_root, seen_ago: float = 0.0, evaluated: bool = False):
                                          "notice": {"step": 50, "at": t0 + 90, "committed": True}})
     write_attempt(attempts, "b", 50, 80, {"step": 80, "entered_at": t0 + 130, "startup_s": 4.0, "restore_s": 1.0,
                                           "first_step_at": t0 + 140, "last_seen": t0 + 200})
+    endings.record(attempts, "b", endings.KILL, "node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION")
+    attempts.child(endings.DRIVER_FILE).write_text(json.dumps({"ended": False}))  # the driver of c runs
     write_attempt(attempts, "c", 70, 90, {"step": 90, "entered_at": t0 + 215, "startup_s": 4.0, "restore_s": 1.0,
                                           "checkpoint_save_s": 1.0, "first_step_at": t0 + 225, "last_seen": t0 + 300,
                                           "tokens_per_s": 1234.5, **({"eval_s": 3.0} if evaluated else {})})
@@ -104,8 +106,10 @@ def test_a_training_run_is_live_with_its_progress_checkpoints_and_interruptions(
         assert 0 <= checkpoint["age_s"] < 60
     assert [(a["id"], a["from_step"], a["last_step"]) for a in got["attempts"]] == [("a", 0, 50), ("b", 50, 80),
                                                                                   ("c", 70, 90)]
-    assert [(e["kind"], e["step"], e["lost_steps"], e["recovery_s"]) for e in got["interruptions"]] == [
+    assert [(e["kind"], e["step"], e["lost_steps"], e["recovery_s"]) for e in got["endings"]] == [
         ("notice", 50, 0, 50.0), ("kill", 80, 10, 25.0)]
+    assert got["spot_interruptions"] == 2 and not got["endings_unrecorded"]
+    assert [a["ending"] for a in got["attempts"]] == ["notice", "kill", "unknown"]  # c trains still
     assert got["lost_steps"] == 10
     assert got["goodput"] == pytest.approx(90 / 300) and got["total_s"] == pytest.approx(300.0)
     assert got["badput_s"]["wasted"] == 10.0 and set(got["badput_s"]) == set(goodput.CATEGORIES) - {"productive"}
@@ -150,8 +154,11 @@ def test_the_text_says_the_same_in_a_few_lines(run, capsys):
                      re.M)
     assert "progress     step 90/100, loss 0.1111, 1,234 tok/s" in text
     assert re.search(rf"checkpoints  step 70 \({kib[0]}, \d+s ago\), step 50 \({kib[1]}, \d+s ago\)$", text, re.M)
-    assert "notice at step 50: 0 steps lost, resumed from step 50 after 50.0s" in text
-    assert "kill at step 80: 10 steps lost (at most 11), resumed from step 70 after 25.0s" in text
+    assert ("notice at step 50 (spot interruption, notice at step 50): 0 steps lost, resumed from step 50 after 50.0s"
+            in text)
+    assert ("kill at step 80 (spot interruption, node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION): 10 steps "
+            "lost (at most 11), resumed from step 70 after 25.0s" in text)
+    assert "attempts     3, 2 spot interruptions, 10 steps lost" in text
     assert ("goodput      30.0% of 300s; badput: startup 23s, restore 2s, checkpoint_save 3s, eval 0s, wasted 10s"
             in text)
     assert "val loss     none evaluated (evaluation is off, or none has run yet)" in text
@@ -305,6 +312,6 @@ def test_a_run_on_s3(s3_bucket, s3_server, capsys):
     assert [(c["step"], c["bytes"]) for c in got["checkpoints"]] == [
         (step, sum(size for key, size in sizes.items() if f"step_{step:09d}/" in key
                    and not key.endswith("COMMITTED.json"))) for step in (70, 50)]
-    assert [e["kind"] for e in got["interruptions"]] == ["notice", "kill"]
+    assert [e["kind"] for e in got["endings"]] == ["notice", "kill"]
     assert main(["status", f"{bucket_url}/runs", "--endpoint-url", s3_server]) == 2
     assert "is not a training run" in capsys.readouterr().err

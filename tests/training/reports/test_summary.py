@@ -10,8 +10,8 @@ from tests.console import line_kind
 SUMMARY = {"run_name": "r", "final_step": 60, "final_loss": 2.5, "tokens_per_s": 12345.6, "goodput": 0.871,
            "exactly_once": True, "checkpoint_every_steps": 20, "events": [],
            "checkpoints": ["/ckpt/r/checkpoints/step_000000040", "/ckpt/r/checkpoints/step_000000060"]}
-KILL = {"kind": "kill", "step": 33, "lost_steps": 13, "lost_steps_at_most": 22, "recovery_s": 12.25,
-        "resumed_from": 20}
+KILL = {"kind": "kill", "reason": "node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION", "spot": True, "step": 33,
+        "lost_steps": 13, "lost_steps_at_most": 22, "recovery_s": 12.25, "resumed_from": 20}
 
 
 def test_a_run_without_interruptions_is_three_lines_of_known_kinds():
@@ -26,10 +26,19 @@ def test_a_run_without_interruptions_is_three_lines_of_known_kinds():
 def test_interruptions_are_a_table_and_an_auto_interval_keeps_the_result_line():
     text = format_table({**SUMMARY, "events": [KILL], "checkpoint_every_steps": "auto", "exactly_once": None})
     lines = text.splitlines()
-    assert lines[0].split() == ["event", "step", "lost", "steps", "(at", "most)", "resumed", "after"]
+    assert lines[0].split() == ["ending", "step", "lost", "steps", "(at", "most)", "resumed", "after"]
     assert lines[2].split() == ["kill", "33", "13", "(22)", "12.2", "s"]
     assert lines[-1] == ("goodput 87.1% | every sample exactly once: not audited | final loss 2.5000 at step 60 | "
                          "checkpoint auto (Young–Daly)")
+    assert all(line_kind(line) == "summary" for line in lines if line)
+
+
+def test_a_stop_is_a_row_of_its_own_and_a_scripts_unknown_interval_says_so():
+    stop = {**KILL, "kind": "stopped", "reason": "Ctrl-C", "spot": False, "lost_steps": 0, "lost_steps_at_most": 0,
+            "recovery_s": None}
+    lines = format_table({**SUMMARY, "events": [stop, KILL], "checkpoint_every_steps": None}).splitlines()
+    assert [line.split()[0] for line in lines[2:4]] == ["stopped", "kill"] and lines[2].split()[-1] == "-"
+    assert lines[-1].endswith("| checkpoint interval unknown")
     assert all(line_kind(line) == "summary" for line in lines if line)
 
 

@@ -35,7 +35,7 @@ from tests.trackers import (
     wandb_summary,
 )
 from tests.training.runs import cli_env
-from tests.training.tracked_ledgers import LOG_EVERY, expected_series, loss, write_attempt
+from tests.training.tracked_ledgers import KILLED, LOG_EVERY, expected_series, loss, write_attempt
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 NEVER = 3600.0  # the follower's own thread stays asleep: the tests poll
@@ -98,7 +98,7 @@ def test_two_attempts_make_one_tracker_run_each_with_one_point_per_step_of_the_l
     run = Run(tracked_config(tmp_path, mlflow_server.url), mlflow_server.url)
     console = io.StringIO()
     with run.follower(console) as follower:
-        write_attempt(run.attempts, "a", 0, 30, started_at=1000.0)  # killed at step 30
+        write_attempt(run.attempts, "a", 0, 30, started_at=1000.0, killed=True)
         follower.poll()
         assert [s for s, _ in run.points("train/loss")["mlflow"]] == list(range(1, 26))  # one log interval behind
         write_attempt(run.attempts, "b", 20, 40, started_at=1100.0)  # resumed below the steps logged already
@@ -110,14 +110,15 @@ def test_two_attempts_make_one_tracker_run_each_with_one_point_per_step_of_the_l
     assert mlflow_run.info.status == "FINISHED"
     assert mlflow_run.data.params["train.log_every"] == str(LOG_EVERY)
     assert mlflow_run.data.params["tracking.wandb.mode"] == "offline"
-    kill = {"kind": "kill", "step": 30, "lost_steps": 10, "lost_steps_at_most": 19, "recovery_s": 70.0,
-            "resumed_from": 20}
-    assert json.loads(mlflow_run.data.tags["spotray.interruption.1"]) == kill
+    kill = {"kind": "kill", "reason": KILLED, "spot": True, "step": 30, "lost_steps": 10, "lost_steps_at_most": 19,
+            "recovery_s": 70.0, "resumed_from": 20}
+    assert json.loads(mlflow_run.data.tags["spotray.ending.1"]) == kill
     assert mlflow_run.data.metrics["summary/final_loss"] == loss(40)
-    assert wandb_summary(run.wandb_dir, run.run_id("wandb"))["interruptions"] == [kill]
+    assert wandb_summary(run.wandb_dir, run.run_id("wandb"))["endings"] == [kill]
+    assert wandb_summary(run.wandb_dir, run.run_id("wandb"))["spot_interruptions"] == 1
     assert wandb_config(run.wandb_dir, run.run_id("wandb"))["train.log_every"] == str(LOG_EVERY)
-    assert tensorboard_texts(run.tensorboard_dir, "interruptions") == [
-        (20, "kill at step 30: 10 steps lost, resumed from step 20 after 70.0 s")]
+    assert tensorboard_texts(run.tensorboard_dir, "endings") == [
+        (20, f"kill at step 30 ({KILLED}): 10 steps lost, resumed from step 20 after 70.0 s")]
     assert "| final_loss | 0.25 |" in tensorboard_texts(run.tensorboard_dir, "summary")[0][1]
     assert read_gaps(run.root) == [] and console.getvalue() == ""
 

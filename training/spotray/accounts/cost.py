@@ -4,13 +4,17 @@ Billing rules (docs/cost.md lists them):
 - Node time, not worker time: a node is billed from the start of the first attempt whose workers ran on it (or from
   its creation, where it was created for the run after the previous attempt ended) to the last record of the last
   consecutive attempt that used it. A node that holds workers in two attempts in a row is billed through the
-  recovery between them, idle as it is.
+  recovery between them, idle as it is; not through a pause (a stop or a finish, then a rerun): the run did not hold
+  it then.
 - A node is billed in full, unless the run's workers use only part of its GPUs: then their share (workers on it x
   GPUs per worker / the node's GPUs).
-- A spot node the run lost at an interruption (notice or kill) within an hour of its creation costs nothing: AWS
-  does not charge a spot instance it interrupts in its first hour.
-- Warm spares: ``cost.warm_spares`` idle nodes of the workers' instance type at its price, for the run's wall time.
-- The head node and the core nodes are a separate line, where ``cost.head`` and ``cost.core`` name them.
+- A spot node AWS interrupted within an hour of its creation costs nothing: AWS does not charge a spot instance it
+  interrupts in its first hour. Interrupted means a spot interruption on the evidence (``endings``): a notice (the
+  attempt's spot nodes the next attempt did not reuse), or this node lost without notice. A stop, an error, a lost
+  driver or head, or an ending without evidence frees nothing.
+- Warm spares: ``cost.warm_spares`` idle nodes of the workers' instance type at its price, and the head node and
+  the core nodes (a separate line, where ``cost.head`` and ``cost.core`` name them), for the time the run was held:
+  its wall time less its pauses.
 - The on-demand counterfactual: the same kept steps on the same instance types at on-demand prices with no
   interruption: the kept steps' time, the first start-up, and the saves and evaluations in proportion to the steps kept.
 An unpriced node makes the total unknown (None), never zero.
@@ -24,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TypeVar
 
-from spotray.accounts import goodput, ledger, node_records
+from spotray.accounts import endings, goodput, ledger, node_records
 from spotray.accounts.node_records import NodeFacts
 from spotray.errors import StorageError
 from spotray.storage import Location
@@ -62,7 +66,7 @@ class RunCost:
     tokens: int | None  # trained by the steps the final model kept
     on_demand_usd: float | None
     node_hours: float
-    interruptions: int  # notices and kills (errors are not the capacity's)
+    interruptions: int  # spot interruptions only (``endings.SPOT``)
     example_prices: bool
     unpriced: list[str]  # the nodes without a price
     bills: list[NodeBill]
@@ -116,24 +120,24 @@ def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, fact
     """``run_cost`` of what was read already."""
     bills = _bills(records, account.events, facts)
     unpriced = sorted(b.name for b in bills if b.usd is None)
-    wall_s = max((r.last_seen for r in records), default=account.started_at) - account.started_at
-    spares = _spares_usd(records, facts, settings.get("warm_spares", 0), wall_s)
+    held_s = account.total_s
+    spares = _spares_usd(records, facts, settings.get("warm_spares", 0), held_s)
     usds = _all_known([b.usd for b in bills])
     usd = None if usds is None or spares is None else sum(usds) + spares
     tokens = _all_known([r.tokens for r in account.kept.values()])
-    return RunCost(usd, _head_and_core_usd(settings, wall_s), sum(tokens) if tokens else None,
+    return RunCost(usd, _head_and_core_usd(settings, held_s), sum(tokens) if tokens else None,
                    _on_demand_usd(records, account, facts), sum(b.seconds for b in bills) / 3600,
-                   sum(e.kind in ("notice", "kill") for e in account.events), bool(settings.get("example_prices")),
-                   unpriced, bills)
+                   len(account.interruptions), bool(settings.get("example_prices")), unpriced, bills)
 
 
-def _head_and_core_usd(settings: dict, wall_s: float) -> float | None:
-    """The head and ``core_nodes`` core nodes for the run's wall time; None where none is set or one is unpriced."""
+def _head_and_core_usd(settings: dict, held_s: float) -> float | None:
+    """The head and ``core_nodes`` core nodes for the time the run held; None where none is set or one is
+    unpriced."""
     settings_parts = [(settings.get("head"), 1), (settings.get("core"), settings.get("core_nodes", 0))]
     parts = [(node, count) for node, count in settings_parts if node and count]
     if not parts or any(node.get("usd_per_hour") is None for node, _ in parts):
         return None
-    return sum(node["usd_per_hour"] * count for node, count in parts) * wall_s / 3600
+    return sum(node["usd_per_hour"] * count for node, count in parts) * held_s / 3600
 
 
 def _bills(records: list[goodput.AttemptRecord], events: list[goodput.Event],
@@ -142,23 +146,30 @@ def _bills(records: list[goodput.AttemptRecord], events: list[goodput.Event],
     for name in dict.fromkeys(n for r in records for n in r.info.nodes):
         used = [i for i, r in enumerate(records) if name in r.info.nodes]
         node = facts.get(name, NodeFacts(name))
-        for first, last in _streaks(used):
+        for first, last in _streaks(used, {i for i, e in enumerate(events) if e.kind in endings.PAUSES}):
             start = _billed_from(records, first, node.created_at)
             seconds = max(0.0, records[last].last_seen - start)
-            lost = last + 1 < len(records) and events[last].kind in ("notice", "kill")
-            free = (lost and node.capacity_type == "spot" and node.created_at is not None
-                    and records[last].last_seen - node.created_at < FREE_FIRST_HOUR_S)
+            free = (_interrupted(node, events[last] if last < len(events) else None)
+                    and node.created_at is not None and records[last].last_seen - node.created_at < FREE_FIRST_HOUR_S)
             share = _gpu_share(records[last].info, name, node.gpus)
             usd = 0.0 if free else None if node.usd_per_hour is None else node.usd_per_hour * share * seconds / 3600
             bills.append(NodeBill(name, node.instance_type, node.capacity_type, seconds, share, usd, free))
     return bills
 
 
-def _streaks(indices: list[int]) -> list[tuple[int, int]]:
-    """Runs of consecutive attempt indices as (first, last)."""
+def _interrupted(node: NodeFacts, ending: goodput.Event | None) -> bool:
+    """Whether AWS interrupted this spot node as the attempt that last used it ended (``ending``): a notice drains the
+    attempt's nodes; without one, only the node recorded lost was."""
+    if ending is None or not ending.spot or node.capacity_type != "spot":
+        return False
+    return ending.kind == endings.NOTICE or node.lost_reason is not None
+
+
+def _streaks(indices: list[int], pauses: set[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive attempt indices as (first, last), broken after an attempt in ``pauses``."""
     streaks: list[tuple[int, int]] = []
     for i in indices:
-        if streaks and streaks[-1][1] == i - 1:
+        if streaks and streaks[-1][1] == i - 1 and i - 1 not in pauses:
             streaks[-1] = (streaks[-1][0], i)
         else:
             streaks.append((i, i))
@@ -184,11 +195,11 @@ def _workers_type(records: list[goodput.AttemptRecord], facts: dict[str, NodeFac
 
 
 def _spares_usd(records: list[goodput.AttemptRecord], facts: dict[str, NodeFacts], spares: int,
-                wall_s: float) -> float | None:
+                held_s: float) -> float | None:
     if not spares:
         return 0.0
     node = _workers_type(records, facts)
-    return spares * node.usd_per_hour * wall_s / 3600 if node and node.usd_per_hour is not None else None
+    return spares * node.usd_per_hour * held_s / 3600 if node and node.usd_per_hour is not None else None
 
 
 def _on_demand_usd(records: list[goodput.AttemptRecord], account: goodput.Account,
@@ -247,8 +258,7 @@ class LiveCost:
             aid = self.attempt.attempt_id
             if self._prior is None:
                 self._prior = [r for r in goodput.attempt_records(self.root, starting=aid) if r.info.attempt_id != aid]
-            current = goodput.AttemptRecord(self.attempt, goodput.read_status(self.root, aid),
-                                            ledger.read_steps(self.root, aid))
+            current = goodput.attempt_record(self.root, self.attempt)
             records = [*self._prior, current]
             facts = node_records.read_nodes(self.root)
             account = goodput.account_of(records, ledger.run_started_at(self.root))
@@ -280,7 +290,7 @@ def money_text(figures: dict) -> str:
 def rate_text(figures: dict) -> str:
     """The interruption rate the run has seen, and whether it is trusted yet."""
     rate = figures["interruptions_per_node_hour"]
-    seen = f"{figures['interruptions']} interruptions in {figures['node_hours']:,.2f} node-hours"
+    seen = f"{figures['interruptions']} spot interruptions in {figures['node_hours']:,.2f} node-hours"
     if rate is None:
         return seen
     trust = ("trusted for planning" if figures["rate_trusted"] else

@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from spotray.accounts import ledger
+from spotray.accounts import endings, ledger
 from spotray.storage import Location
 
 STATUS_FILE = "status.json"
@@ -53,19 +53,21 @@ class LiveGoodput:
     """Goodput while training: productive seconds of earlier attempts' kept steps, plus this attempt's."""
 
     def __init__(self, history: Account, from_step: int):
-        self.run_started = history.started_at
+        self.run_started, self.paused_s = history.started_at, history.paused_s
         self.prior_productive = sum(r.seconds for step, r in history.kept.items() if step <= from_step)
 
     def __call__(self, productive_this_attempt: float) -> float:
-        elapsed = time.time() - self.run_started
+        elapsed = time.time() - self.run_started - self.paused_s
         return min(1.0, (self.prior_productive + productive_this_attempt) / elapsed) if elapsed > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class Event:
-    """One interruption: ``kind`` is notice (drain announced), kill (gone without notice) or error."""
+    """How one attempt ended and how the next one went on: ``kind`` is its ending (``endings``); only a spot
+    interruption (``spot``) counts as an interruption."""
 
     kind: str
+    reason: str  # the evidence for ``kind``
     step: int
     lost_steps: int  # trained by the interrupted attempt past the step resumed from, as its records show
     lost_steps_at_most: int  # equal to lost_steps where that is exact (a committed notice flushes every record)
@@ -73,8 +75,13 @@ class Event:
     resumed_from: int
     interrupted_at: float  # UNIX time
 
+    @property
+    def spot(self) -> bool:
+        return self.kind in endings.SPOT
+
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "step": self.step, "lost_steps": self.lost_steps,
+        return {"kind": self.kind, "reason": self.reason, "spot": self.spot, "step": self.step,
+                "lost_steps": self.lost_steps,
                 "lost_steps_at_most": self.lost_steps_at_most,
                 "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
                 "resumed_from": self.resumed_from}
@@ -87,6 +94,12 @@ class Account:
     events: list[Event]
     started_at: float  # UNIX time the run started
     kept: dict[int, ledger.StepRecord]  # the final model's history so far (``ledger.lineage``)
+    paused_s: float = 0.0  # from a stop or a finish to the rerun: not the run's time, so not in ``total_s``
+
+    @property
+    def interruptions(self) -> list[Event]:
+        """The spot interruptions: what counts as one everywhere."""
+        return [e for e in self.events if e.spot]
 
     @property
     def goodput(self) -> float:
@@ -94,7 +107,8 @@ class Account:
 
     def to_dict(self) -> dict:
         return {"goodput": round(self.goodput, 4), "total_s": round(self.total_s, 2),
-                "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+                "seconds": {k: round(v, 2) for k, v in self.seconds.items()}, "paused_s": round(self.paused_s, 2),
+                "interruptions": len(self.interruptions),
                 "lost_steps": sum(e.lost_steps for e in self.events),
                 "lost_steps_at_most": sum(e.lost_steps_at_most for e in self.events),
                 "events": [e.to_dict() for e in self.events]}
@@ -102,11 +116,18 @@ class Account:
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One attempt as its ledger has it; ``steps`` may be left empty, its status then says how far it got."""
+    """One attempt as its ledger has it; ``steps`` may be left empty, its status then says how far it got.
+    ``finished``: its ``final.json`` is there; ``recorded``: the driver's ``ending.json``."""
 
     info: ledger.AttemptInfo
     status: dict | None
     steps: dict[int, ledger.StepRecord]
+    finished: bool = False
+    recorded: dict | None = None
+
+    @property
+    def ending(self) -> endings.Ending:
+        return endings.of_attempt(self.status, self.finished, self.recorded)
 
     @property
     def last_step(self) -> int:
@@ -128,9 +149,16 @@ def attempt_records(root: Location, starting: str | None = None) -> list[Attempt
     """Every attempt's records under ``root``, oldest first.
 
     ``starting``: the attempt now starting, whose own clock keeps its time: its status and steps are left out."""
-    return [AttemptRecord(a, None if a.attempt_id == starting else read_status(root, a.attempt_id),
-                          {} if a.attempt_id == starting else ledger.read_steps(root, a.attempt_id))
+    return [attempt_record(root, a, steps=a.attempt_id != starting, status=a.attempt_id != starting)
             for a in ledger.read_attempts(root)]
+
+
+def attempt_record(root: Location, info: ledger.AttemptInfo, steps: bool = True, status: bool = True
+                   ) -> AttemptRecord:
+    """One attempt's records; ``steps``/``status`` False leave those out (a reader that needs only the ending)."""
+    return AttemptRecord(info, read_status(root, info.attempt_id) if status else None,
+                         ledger.read_steps(root, info.attempt_id) if steps else {},
+                         ledger.attempt_finished(root, info.attempt_id), endings.read(root, info.attempt_id))
 
 
 def account(root: Location, starting: str | None = None) -> Account:
@@ -159,24 +187,32 @@ def account_of(attempts: list[AttemptRecord], run_started_at: float | None) -> A
         seconds["checkpoint_save"] += a.status_of("checkpoint_save_s")
         seconds["eval"] += a.status_of("eval_s")
         seconds["waiting"] += a.status_of("drain_wait_s")
-    for prev, cur in zip(attempts, attempts[1:], strict=False):
-        seconds["waiting"] += max(0.0, cur.entered_at - prev.last_seen)
-    total = max(a.last_seen for a in attempts) - started
-    seconds["other"] = max(0.0, total - sum(seconds.values()))
     events = [interruption(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
-    return Account(seconds, total, events, started, kept)
+    paused = 0.0
+    for prev, cur, event in zip(attempts, attempts[1:], events, strict=False):
+        gap = max(0.0, cur.entered_at - prev.last_seen)
+        if event.kind in endings.PAUSES:
+            paused += gap
+        else:
+            seconds["waiting"] += gap
+    total = max(a.last_seen for a in attempts) - started - paused
+    seconds["other"] = max(0.0, total - sum(seconds.values()))
+    return Account(seconds, total, events, started, kept, paused)
 
 
 def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
-    """What ended ``prev`` and how ``cur`` recovered from it (``recovery_s`` None until ``cur`` trained a step)."""
-    notice, error = prev.status_of("notice", None), prev.status_of("error", None)
-    kind = "notice" if notice else "error" if error else "kill"
+    """How ``prev`` ended and how ``cur`` went on from it (``recovery_s`` None until ``cur`` trained a step, and for
+    a stop or a finish, which are no interruption)."""
+    ending = prev.ending
+    notice = prev.status_of("notice", None)
     interrupted_at = notice["at"] if notice else prev.last_seen
     step = notice["step"] if notice else prev.last_step
     resumed_at = cur.status_of("first_step_at", None)
-    recovery = resumed_at - interrupted_at if resumed_at else None
+    recovery = resumed_at - interrupted_at if resumed_at and not ending.pause else None
     lost = max(0, prev.last_step - cur.info.from_step)
     # Step records are written once per log interval, in the background: a kill can take the interval being
-    # trained and the one being written with it. A committed notice wrote them all before its checkpoint.
-    unrecorded = 0 if notice and notice["committed"] else 2 * int(prev.status_of("log_every", 1)) - 1
-    return Event(kind, step, lost, lost + unrecorded, recovery, cur.info.from_step, interrupted_at)
+    # trained and the one being written with it. A committed notice and a finish wrote them all.
+    unrecorded = 0 if (notice and notice["committed"]) or ending.kind == endings.FINISHED else (
+        2 * int(prev.status_of("log_every", 1)) - 1)
+    return Event(ending.kind, ending.reason, step, lost, lost + unrecorded, recovery, cur.info.from_step,
+                 interrupted_at)

@@ -2,9 +2,9 @@
 
 Every worker names its node when an attempt starts (``this_node``; rank 0 records the names in the attempt). The
 driver looks each new node up once: on Kubernetes, read-only through the API with the pod's service account (the
-labels Karpenter and EKS set), elsewhere from ``cost.node``; it prices the node then (``spotray.accounts.prices``), so
-nothing calls a price source per step, and writes the facts to the ledger, where every figure of the run's cost is
-read.
+labels Karpenter and EKS set), elsewhere from ``cost.node``; it prices the node then (``spotray.accounts.prices``),
+so nothing calls a price source per step, and writes the facts to the ledger, where every figure of the run's cost
+is read. A node the run lost is recorded with when and why (``driver/node_watch.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import ssl
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -28,7 +28,8 @@ NODE_NAME_ENV = "SPOTRAY_NODE_NAME"  # the downward API's spec.nodeName, set on 
 NODES_FILE = "nodes.json"
 COST_FILE = "cost.json"
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_LABELS = {"instance_type": "node.kubernetes.io/instance-type", "capacity_type": "karpenter.sh/capacity-type",
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"  # also a Ray node label, where a node carries it
+_LABELS = {"instance_type": "node.kubernetes.io/instance-type", "capacity_type": CAPACITY_TYPE_LABEL,
            "zone": "topology.kubernetes.io/zone"}
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -56,6 +57,8 @@ class NodeFacts:
     usd_per_hour: float | None = None  # at its own capacity type
     on_demand_usd_per_hour: float | None = None
     price_source: str | None = None
+    lost_at: float | None = None  # when the driver saw it lost (UNIX time), with the reason given
+    lost_reason: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,19 +80,38 @@ def in_kubernetes() -> bool:
 
 
 def kubernetes_node(name: str, timeout_s: float = 5.0) -> NodeFacts | None:
-    """GET the node with the pod's service account (its ClusterRole grants exactly this); None where it fails.
-    Plain HTTPS: one read-only GET does not warrant the Kubernetes client in the training image."""
-    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    request = urllib.request.Request(f"https://{host}:{port}/api/v1/nodes/{name}", headers={
-        "Authorization": f"Bearer {(_SERVICE_ACCOUNT / 'token').read_text().strip()}", "Accept": "application/json"})
-    context = ssl.create_default_context(cafile=str(_SERVICE_ACCOUNT / "ca.crt"))
+    """GET the node with the pod's service account (its ClusterRole grants get and list on nodes, nothing else);
+    None where it fails."""
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
-            return facts_from_node_object(json.loads(response.read()))
+        return facts_from_node_object(_kubernetes_get(f"/api/v1/nodes/{name}", timeout_s))
     except (OSError, ValueError) as exc:
         log.warning("cannot look up node %s (%s): its cost is unknown; the training pods' service account needs "
-                    "get on nodes (ClusterRole spotray-node-reader)", name, str(exc)[:200])
+                    "get and list on nodes (ClusterRole spotray-node-reader)", name, str(exc)[:200])
         return None
+
+
+def kubernetes_nodes(timeout_s: float = 10.0) -> dict[str, dict] | None:
+    """Every node the cluster has now, by name (``v1.Node`` objects); None where the list fails."""
+    try:
+        listed = _kubernetes_get("/api/v1/nodes", timeout_s)
+    except (OSError, ValueError) as exc:
+        log.info("cannot list the nodes (%s): the ClusterRole spotray-node-reader grants list on nodes", exc)
+        return None
+    return {item["metadata"]["name"]: item for item in listed.get("items") or []}
+
+
+def _kubernetes_get(path: str, timeout_s: float) -> dict:
+    """Plain HTTPS: read-only GETs do not warrant the Kubernetes client in the training image."""
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    request = urllib.request.Request(f"https://{host}:{port}{path}", headers={
+        "Authorization": f"Bearer {(_SERVICE_ACCOUNT / 'token').read_text().strip()}", "Accept": "application/json"})
+    context = ssl.create_default_context(cafile=str(_SERVICE_ACCOUNT / "ca.crt"))
+    with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
+        return json.loads(response.read())
+
+
+def taint_keys(node: dict) -> list[str]:
+    return sorted(taint["key"] for taint in (node.get("spec") or {}).get("taints") or [] if taint.get("key"))
 
 
 def configured_node(name: str, section: NodeSection) -> NodeFacts:
@@ -131,12 +153,28 @@ class NodeRecorder:
             {"example_prices": cost.example_prices, "warm_spares": cost.warm_spares, "head": head, "core": core,
              "core_nodes": cost.core_nodes}, sort_keys=True))
 
-    def record(self, node_names: set[str]) -> None:
+    def record(self, node_names: set[str], capacity_types: dict[str, str] | None = None) -> None:
+        """Looks up the nodes not seen before; ``capacity_types``: what the nodes' labels in Ray say, where the
+        configuration does not."""
         new = sorted(node_names - set(self.known))
         if not new:
             return
         for name in new:
             facts = kubernetes_node(name) if in_kubernetes() else None
-            self.known[name] = priced(facts or configured_node(name, self.cost.node), self.book, time.time())
+            facts = facts or configured_node(name, self.cost.node)
+            if facts.capacity_type is None and capacity_types and name in capacity_types:
+                facts = replace(facts, capacity_type=capacity_types[name])
+            self.known[name] = priced(facts, self.book, time.time())
+        self._write()
+
+    def record_lost(self, name: str, reason: str, at: float) -> NodeFacts:
+        """A node the run held was lost (first report wins); returns its facts."""
+        facts = self.known.get(name) or configured_node(name, self.cost.node)
+        if facts.lost_at is None:
+            self.known[name] = facts = replace(facts, lost_at=at, lost_reason=reason)
+            self._write()
+        return facts
+
+    def _write(self) -> None:
         self.root.child(NODES_FILE).write_text(json.dumps({n: f.to_dict() for n, f in sorted(self.known.items())},
                                                           sort_keys=True))

@@ -44,6 +44,9 @@ EVERY, KEEP_LAST = 10, 3  # checkpoint interval (steps) and retention
 LOST_AT_MOST = {"notice": 0, "kill": EVERY, "two_nodes": EVERY, "driver": EVERY, "head": EVERY,
                 "corrupt": 2 * EVERY, "outage": 0}
 RESTARTS = {kind for kind in KINDS if kind != "outage"}
+# How the attempt each fault ended must be on record (``accounts.endings``): the drill's nodes are spot.
+ENDINGS = {"notice": "notice", "kill": "kill", "two_nodes": "kill", "corrupt": "kill", "driver": "driver_lost",
+           "head": "head_lost"}
 OUTAGE_S = 5  # the link stays cut at least this long, and until a save has failed in it
 OUTAGE_AT_MOST_S = 120  # a run that tries no save this long with its storage gone is stalled: the check says so
 STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3 every EVERY steps
@@ -261,7 +264,7 @@ def _straight_run(base: list[str], ckpt: str) -> dict:
 
 def _report(kinds, faults_done, summary, straight, status, samples, most_held, max_steps, seed, minutes,
             saves) -> dict:
-    events = status["interruptions"]
+    events = status["endings"]
     restarts = [fault for fault in faults_done if fault["kind"] in RESTARTS]
     per_fault = [{**fault, "lost_steps": event["lost_steps"], "lost_steps_at_most": event["lost_steps_at_most"],
                   "recovery_s": event["recovery_s"], "bound": LOST_AT_MOST[fault["kind"]]}
@@ -297,6 +300,7 @@ def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[
         "storage_within_retention": most_held <= HELD_AT_MOST,
         "status_agrees": len(events) == len(restarts)
         and sum(e["kind"] == "notice" for e in events) == restarts.count("notice"),
+        "endings_from_evidence": [e["kind"] for e in events] == [ENDINGS[kind] for kind in restarts],
         "head_loss_said_in_one_line": all(_head_loss_said(fault) for fault in faults if fault["kind"] == "head"),
     }
 

@@ -794,3 +794,14 @@ class RngState:
         torch.set_rng_state(mine["cpu"])
         if "cuda" in mine and torch.cuda.is_available():
             torch.cuda.set_rng_state(mine["cuda"])
+
+
+def kept_interval(kept_steps: list[int]) -> int | None:
+    """The run's fixed checkpoint interval, from its kept checkpoints: the smallest gap between two of them that
+    every kept step but the newest (which may be a final commit) is a multiple of. None where none fits (``auto``
+    intervals drift; one checkpoint shows no gap)."""
+    steps = sorted(kept_steps)
+    for gap in sorted({b - a for a, b in zip(steps, steps[1:], strict=False)}):
+        if all(step % gap == 0 for step in steps[:-1]):
+            return gap
+    return None

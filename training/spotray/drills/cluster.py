@@ -22,11 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotray.accounts.node_records import CAPACITY_TYPE_LABEL
 from spotray.driver.launch import RAY_TRAIN_POLLS_S
 from spotray.errors import SpotrayError
 from spotray.ray_local import free_port, state_api_env
 
 _RAY = str(Path(sys.executable).with_name("ray"))
+# The faults a drill injects are spot faults: its worker nodes say so, as a Karpenter spot node's pods would.
+SPOT_LABEL = f"--labels={CAPACITY_TYPE_LABEL}=spot"
 _STARTED = "Ray runtime started."  # what `ray start` logs once the GCS lists its node
 _START_TIMED_OUT = "The current node timed out during startup."  # what it says when its raylet exited first
 
@@ -90,7 +93,7 @@ class LocalCluster:
         """``wait=False`` returns the node as started, and a thread sees it join (restarting it as ``_join`` does)
         by reading its log alone: a benchmark must not spend the CPU it measures on probing for it."""
         name, args = f"worker{len(self.nodes)}", [f"--address={self.address}", f"--num-cpus={self.cpus_per_node}",
-                                                  "--node-ip-address=127.0.0.1"]
+                                                  "--node-ip-address=127.0.0.1", SPOT_LABEL]
         if wait:
             return self._join(name, args)
         node = self._spawn(name, args)

@@ -8,7 +8,9 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
@@ -22,17 +24,18 @@ from ray.train.torch import TorchConfig
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
-from spotray.accounts import cost, goodput, ledger
+from spotray.accounts import cost, endings, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
-from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, list_committed
+from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
 from spotray.driver.head_watch import HeadWatch
+from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
-from spotray.errors import ClusterLost, StorageError, TrainingFailed
+from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed
 from spotray.ray_local import start_local_ray
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
@@ -127,12 +130,15 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     _ensure_ray(cfg, worker_logs)
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
-    nodes = NodeRecorder(attempts, cfg.cost, prices)
+    endings.driver_started(attempts, _newest_attempt(attempts))
+    nodes = NodeWatch(attempts, NodeRecorder(attempts, cfg.cost, prices))
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     head = HeadWatch(ray.get_runtime_context().gcs_address if ray.is_initialized() else None)
+    ending: tuple[str | None, str] = (None, "")  # how the newest attempt ended, where only this driver knows
     try:
-        with head, ProgressMonitor(attempts, tokens_per_step, stream=console, nodes=nodes,
-                                   placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
+        with _stop_on_sigterm(), head, ProgressMonitor(
+                attempts, tokens_per_step, stream=console, nodes=nodes,
+                placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             moves = 0
             # an attempt moved on a notice: run again on the other capacity
             while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console):
@@ -142,26 +148,63 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
                     raise TrainingFailed(f"training run '{cfg.run.name}' moved on {moves} preemption notices, over "
                                          f"fault_tolerance.max_preemptions={budget}; raise it (-1: no limit) and "
                                          "run the same command again to resume")
-    except TrainingFailed:
+    except TrainingFailed as exc:
+        ending = (endings.DRIVER_FAILED, str(exc))
         raise
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as exc:  # SystemExit: Ray Train's own Ctrl-C handler, once it aborted
         if not head.lost:
-            raise
+            ending = (endings.STOPPED, str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else "Ctrl-C")
+            raise KeyboardInterrupt(ending[1]) from None
+        ending = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
         raise _cluster_lost(cfg, root) from None
     except ray.exceptions.RayActorError as exc:  # Ray Train's controller is gone: with the head, or on its own
         if head.answers():
+            ending = (endings.DRIVER_FAILED, f"Ray Train's controller stopped ({root_cause(exc)[:200]})")
             raise TrainingFailed(f"training run '{cfg.run.name}' failed: Ray Train's controller stopped "
                                  f"({root_cause(exc)[:200]})") from exc
+        ending = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
         raise _cluster_lost(cfg, root) from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         cause = root_cause(exc)
+        ending = (endings.DRIVER_FAILED, cause[:200])  # an error a worker recorded is the attempt's own ending
         failed_script = f"{user_script.ScriptFailed.__module__}.{user_script.ScriptFailed.__name__}: "
         if cause.startswith(failed_script):
             raise user_script.ScriptFailed(cause.removeprefix(failed_script)) from exc
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
+    finally:
+        _record_driver_end(attempts, *ending)
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
+
+
+def _newest_attempt(attempts: Location) -> str | None:
+    newest = ledger.read_attempts(attempts)[-1:]
+    return newest[0].attempt_id if newest else None
+
+
+def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:
+    """Best effort: storage may be what failed, and the error the user sees must stay the run's own."""
+    try:
+        endings.driver_ended(attempts, _newest_attempt(attempts), kind, reason)
+    except (SpotrayError, OSError) as exc:
+        log.warning("could not record how this driver ended: %s", exc)
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM of the driver is a stop by the user, as Ctrl-C is (where this runs in the main thread)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cluster_lost(cfg: TrainConfig, root: Location) -> ClusterLost:
@@ -284,6 +327,7 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         raise TrainingFailed(f"run '{cfg.run.name}' has no finished attempt under {attempts.url}")
     losses = ledger.lineage_losses(attempts)
     time_account = goodput.account(attempts).to_dict()
+    committed = list_committed(checkpoints_root(root))
     summary = {
         "run_name": cfg.run.name,
         "final_step": final["final_step"],
@@ -294,14 +338,15 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         "goodput": time_account.pop("goodput"),
         "cost": cost.run_cost(attempts).to_dict(),
         "events": time_account.pop("events"),
+        "spot_interruptions": time_account.pop("interruptions"),
         "lost_steps": time_account.pop("lost_steps"),
         "lost_steps_at_most": time_account.pop("lost_steps_at_most"),
         "time": time_account,
         "failed_saves": final.get("failed_saves", 0),
         "tracking_gaps": read_gaps(root),
-        "checkpoint_every_steps": cfg.checkpoint.every_steps,
+        "checkpoint_every_steps": _cadence(cfg, committed),
         "exactly_once": None,
-        "checkpoints": [c.url for c in reversed(list_committed(checkpoints_root(root)))],
+        "checkpoints": [c.url for c in reversed(committed)],
         "losses": {str(step): loss for step, loss in losses.items()},
         **_evaluations(attempts, checkpoints_root(root)),
         "memory": memory.highest([r["memory"] for r in ledger.lineage_intervals(attempts).values() if r.get("memory")]),
@@ -313,6 +358,12 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
         summary["audit"] = {"exactly_once": audit.exactly_once, "samples": audit.samples,
                             "duplicates": audit.duplicates, "missing_steps": audit.missing_steps}
     return summary
+
+
+def _cadence(cfg: TrainConfig, committed: list) -> int | str | None:
+    """The checkpoint interval the run used: a script's own, as its kept checkpoints show (None where they cannot
+    tell), else ``checkpoint.every_steps``."""
+    return kept_interval([c.step for c in committed]) if cfg.script.path else cfg.checkpoint.every_steps
 
 
 def _evaluations(attempts: Location, checkpoints: Location) -> dict:

@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.errors import SpotrayError
 from spotray.formats import clock, step_of
 from spotray.storage import Location
 
 if TYPE_CHECKING:
-    from spotray.accounts.node_records import NodeRecorder
+    from spotray.driver.node_watch import NodeWatch
     from spotray.driver.placement import Placement
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
@@ -44,9 +44,9 @@ class ProgressMonitor:
     place the worker group for ``WAITING_AFTER_S``: one line per wait."""
 
     def __init__(self, attempts_root: Location, tokens_per_step: int, stream=None, interval_s: float = 2.0,
-                 placement: Callable[[], Placement | None] | None = None, nodes: NodeRecorder | None = None):
+                 placement: Callable[[], Placement | None] | None = None, nodes: NodeWatch | None = None):
         self.root, self.tokens_per_step = attempts_root, tokens_per_step
-        self.nodes = nodes  # looks up the nodes each new attempt names
+        self.nodes = nodes  # looks up the nodes each new attempt names, and records the ones lost
         self.placement = placement
         self._waiting_since: float | None = None
         self._waiting_said = False
@@ -90,7 +90,7 @@ class ProgressMonitor:
             self._capacity()
         attempts = self._attempts()
         if self.nodes:
-            self.nodes.record({name for a in attempts for name in a.nodes})
+            self.nodes.poll(attempts, ask_ray=capacity)
         statuses = {a.attempt_id: self._status(a.attempt_id, ended=a is not attempts[-1]) for a in attempts[-2:]}
         if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
             self._interruption(attempts[-2], statuses[attempts[-2].attempt_id], attempts[-1],
@@ -122,15 +122,23 @@ class ProgressMonitor:
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
                       cur_status: dict | None) -> None:
-        event = goodput.interruption(goodput.AttemptRecord(prev, prev_status, {}),
-                                     goodput.AttemptRecord(cur, cur_status, {}))
-        if self._once(prev.attempt_id, "ended"):
-            if event.kind == "error":
-                assert prev_status is not None  # the error is in the status
-                self._event(f"FAILURE at step {event.step}: {prev_status['error']}")
-            elif event.kind == "kill":
-                self._event(f"INTERRUPTED at step {event.step} without notice (node or driver lost): resuming")
-        if event.recovery_s is not None and self._once(cur.attempt_id, "resumed"):
+        """One line for how ``prev`` ended, once its ending is on record or ``cur`` trained (then it is unknown: no
+        evidence came), and one for how ``cur`` went on."""
+        if {(prev.attempt_id, "ended"), (cur.attempt_id, "resumed")} <= self._announced:
+            return
+        record = goodput.AttemptRecord(prev, prev_status, {}, ledger.attempt_finished(self.root, prev.attempt_id),
+                                       endings.read(self.root, prev.attempt_id))
+        event = goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
+        trained = bool((cur_status or {}).get("first_step_at"))
+        if (event.kind != endings.UNKNOWN or trained) and self._once(prev.attempt_id, "ended"):
+            line = _ending_line(event)
+            if line:
+                self._event(line)
+        if not trained or not self._once(cur.attempt_id, "resumed"):
+            return
+        if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
+            self._event(f"CONTINUING from step {event.resumed_from} on {cur.world_size} workers, {_lost(event)}")
+        else:
             self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
                         f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
 
@@ -176,6 +184,19 @@ class ProgressMonitor:
         self._last_line, self._last_print = line, now
         self.stream.write(f"\r\033[K{line}" if self.tty else f"spotray: {line}\n")
         self.stream.flush()
+
+
+def _ending_line(event: goodput.Event) -> str | None:
+    """How an attempt ended, in one line (a notice has its own lines, from the attempt itself)."""
+    if event.kind == endings.NOTICE:
+        return None
+    if event.kind == endings.ERROR:
+        return f"FAILURE at step {event.step}: {event.reason}"
+    if event.kind in endings.PAUSES:
+        return f"the run was {endings.DESCRIPTIONS[event.kind]} at step {event.step}: not an interruption"
+    what = "SPOT INTERRUPTION without notice" if event.spot else "INTERRUPTED"
+    detail = "" if event.reason == endings.DESCRIPTIONS[event.kind] else f" ({event.reason})"
+    return f"{what} at step {event.step}: {endings.DESCRIPTIONS[event.kind]}{detail}"
 
 
 def _lost(event: goodput.Event) -> str:

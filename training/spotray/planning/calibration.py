@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.accounts import cost, goodput, ledger
-from spotray.checkpoints.dcp import checkpoints_root, list_committed
+from spotray.checkpoints.dcp import checkpoints_root, kept_interval, list_committed
 from spotray.planning.planner import _fail
 from spotray.storage import StorageOptions, resolve
 
@@ -68,14 +68,14 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
         values["restart_s"] = statistics.fmean(restarts)
     else:
         unknown["restart_s"] = "the run was never interrupted: give --restart-s (capacity + start-up seconds)"
-    events = account.events
+    events = account.interruptions  # spot ones only: a stop, an error or a lost driver is not the pool's rate
     values["interruptions"] = len(events)
     if events:
         values["notice_share"] = sum(1 for e in events if e.kind == "notice" and e.lost_steps == 0) / len(events)
     trained = sum(len(a.steps) for a in records)
     values["overhead_s_per_step"] = (account.seconds["eval"] + account.seconds["other"]) / trained
     committed = list_committed(checkpoints_root(root), warn=False)  # newest first
-    interval = every_steps or _kept_interval([c.step for c in committed])
+    interval = every_steps or kept_interval([c.step for c in committed])
     if committed:
         values["checkpoint_bytes"] = float(committed[0].nbytes)
     if interval is None:
@@ -111,17 +111,6 @@ def _attempt_nodes(attempt: goodput.AttemptRecord) -> int:
     """The distinct nodes the attempt's ranks ran on, where its record names every one; else its world size."""
     names = [n for n in getattr(attempt.info, "nodes", None) or [] if n and n != "unknown"]
     return len(set(names)) if names and len(names) == attempt.info.world_size else attempt.info.world_size
-
-
-def _kept_interval(kept_steps: list[int]) -> int | None:
-    """The run's fixed checkpoint interval, from its kept checkpoints: the smallest gap between two of them that
-    every kept step but the newest (which may be a final commit) is a multiple of. None where none fits (``auto``
-    intervals drift; one checkpoint shows no gap)."""
-    steps = sorted(kept_steps)
-    for gap in sorted({b - a for a, b in zip(steps, steps[1:], strict=False)}):
-        if all(step % gap == 0 for step in steps[:-1]):
-            return gap
-    return None
 
 
 __all__ = ["Measured", "inputs_from_run"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from spotray.accounts import cost, goodput, ledger
+from spotray.accounts import cost, endings, goodput, ledger
 from spotray.checkpoints.dcp import (
     FILES_FORMAT,
     CommittedCheckpoint,
@@ -79,11 +79,14 @@ def _snapshot(root: Location, now: float) -> dict:
         "checkpoints": [_checkpoint(c, now) for c in committed],
         "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
-        "interruptions": time_split["events"],
+        "endings": time_split["events"],
+        "spot_interruptions": time_split["interruptions"],
+        "endings_unrecorded": _endings_unrecorded(attempts_root, account),
         "lost_steps": time_split["lost_steps"],
         "lost_steps_at_most": time_split["lost_steps_at_most"],
         "goodput": time_split["goodput"],
         "total_s": time_split["total_s"],
+        "paused_s": time_split["paused_s"],
         "badput_s": {k: v for k, v in time_split["seconds"].items() if k != "productive"},
         "cost": cost.ledger_cost(attempts_root, records, account).to_dict(),
     }
@@ -104,11 +107,18 @@ def _latest(attempts_root: Location, records: list[goodput.AttemptRecord], accou
 
 
 def _state(attempts_root: Location, latest: goodput.AttemptRecord, now: float) -> str:
-    if ledger.attempt_finished(attempts_root, latest.info.attempt_id):
+    ending = latest.ending
+    if ending.kind == endings.FINISHED:
         return "finished"
-    if latest.status_of("error", None) or now - latest.last_seen > _live_window_s(latest):
+    if ending.kind != endings.UNKNOWN or now - latest.last_seen > _live_window_s(latest):
         return "stopped"
     return "live"
+
+
+def _endings_unrecorded(attempts_root: Location, account: goodput.Account) -> bool:
+    """Endings read as unknown because the ledger predates their records (no driver ever recorded itself)."""
+    return (any(e.kind == endings.UNKNOWN for e in account.events)
+            and not attempts_root.child(endings.DRIVER_FILE).exists())
 
 
 def _live_window_s(latest: goodput.AttemptRecord) -> float:
@@ -170,12 +180,12 @@ def _set_aside(record: dict) -> dict:
 
 def _attempt(record: goodput.AttemptRecord) -> dict:
     return {"id": record.info.attempt_id, "from_step": record.info.from_step, "last_step": record.last_step,
-            "world_size": record.info.world_size}
+            "world_size": record.info.world_size, "ending": record.ending.kind, "reason": record.ending.reason}
 
 
 def format_text(status: dict) -> str:
     """A few lines for a terminal."""
-    events = status["interruptions"]
+    events = status["endings"]
     return "\n".join([
         f"run          {status['run']}",
         f"state        {_state_text(status)}",
@@ -185,9 +195,11 @@ def format_text(status: dict) -> str:
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
         *(f"set aside    step {r['step']} in {r['url']} (unreadable: {r['reason']}; the run went on from step "
           f"{r['resumed_from']})" for r in status["set_aside"]),
-        f"attempts     {len(status['attempts'])}, {len(events)} interruptions, {status['lost_steps']} steps lost"
-        f"{_at_most(status)}",
-        *(f"  {_interruption_text(e)}" for e in events),
+        f"attempts     {len(status['attempts'])}, {status['spot_interruptions']} spot interruptions, "
+        f"{status['lost_steps']} steps lost{_at_most(status)}",
+        *(f"  {_ending_text(e)}" for e in events),
+        *(["  (this run's ledger predates recorded endings: its attempts' endings read as unknown)"]
+          if status["endings_unrecorded"] else []),
         f"goodput      {_goodput_text(status)}",
         f"cost         {cost.money_text(status['cost'])}",
         f"spot         {cost.rate_text(status['cost'])}",
@@ -256,10 +268,15 @@ def _checkpoints_text(checkpoints: list[dict]) -> str:
                      f"{c['age_s']:,.0f}s ago)" for c in checkpoints)
 
 
-def _interruption_text(event: dict) -> str:
-    resumed = ("not resumed yet" if event["recovery_s"] is None else
-               f"resumed from step {event['resumed_from']} after {event['recovery_s']:.1f}s")
-    return f"{event['kind']} at step {event['step']}: {event['lost_steps']} steps lost{_at_most(event)}, {resumed}"
+def _ending_text(event: dict) -> str:
+    if event["kind"] in endings.PAUSES:
+        resumed = f"continued from step {event['resumed_from']} by a rerun"
+    else:
+        resumed = ("not resumed yet" if event["recovery_s"] is None else
+                   f"resumed from step {event['resumed_from']} after {event['recovery_s']:.1f}s")
+    spot = "spot interruption, " if event["spot"] else ""
+    return (f"{event['kind']} at step {event['step']} ({spot}{event['reason']}): {event['lost_steps']} steps lost"
+            f"{_at_most(event)}, {resumed}")
 
 
 def _at_most(counted: dict) -> str:
@@ -269,7 +286,9 @@ def _at_most(counted: dict) -> str:
 
 def _goodput_text(status: dict) -> str:
     badput = ", ".join(f"{category} {seconds:,.0f}s" for category, seconds in status["badput_s"].items())
-    return f"{100 * status['goodput']:.1f}% of {status['total_s']:,.0f}s; badput: {badput}"
+    paused = (f"; paused {status['paused_s']:,.0f}s between a stop or a finish and a rerun (not counted)"
+              if status["paused_s"] else "")
+    return f"{100 * status['goodput']:.1f}% of {status['total_s']:,.0f}s; badput: {badput}{paused}"
 
 
 def _size(nbytes: int) -> str:

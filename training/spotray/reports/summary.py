@@ -15,7 +15,8 @@ def format_table(summary: dict) -> str:
     exactly_once = summary.get("exactly_once")
     audit = "not audited" if exactly_once is None else "yes" if exactly_once else "NO"
     every = summary["checkpoint_every_steps"]
-    interval = "auto (Young–Daly)" if every == AUTO else f"every {every} steps"
+    interval = ("auto (Young–Daly)" if every == AUTO else "interval unknown" if every is None else
+                f"every {every} steps")
     lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
                  f"final loss {summary['final_loss']:.4f} at step {summary['final_step']} | checkpoint {interval}"
                  f"{_val_loss_cell(summary)}")
@@ -55,7 +56,7 @@ def format_summary(summary: dict) -> str:
 
 
 def _event_table(events: list[dict]) -> list[str]:
-    rows = [("event", "step", "lost steps (at most)", "resumed after")]
+    rows = [("ending", "step", "lost steps (at most)", "resumed after")]
     for e in events:
         recovery = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "-"
         bound = "" if e["lost_steps_at_most"] == e["lost_steps"] else f" ({e['lost_steps_at_most']})"
@@ -86,7 +87,7 @@ def plot_losses(summary: dict, path: str) -> str:
     if val_losses:
         ax.plot(list(val_losses), list(val_losses.values()), color="#9467bd", linewidth=1.2, marker="o",
                 markersize=3.5, label="val loss")
-    colors = {"notice": "#2ca02c", "kill": "#d62728", "error": "#ff7f0e"}
+    colors = {"notice": "#2ca02c", "kill": "#d62728", "error": "#ff7f0e", "node_lost": "#8c564b"}
     for event in summary["events"]:
         ax.axvline(event["step"], color=colors.get(event["kind"], "gray"), linestyle="--", linewidth=1)
         if event["lost_steps"]:
@@ -98,7 +99,7 @@ def plot_losses(summary: dict, path: str) -> str:
     if val_losses:
         ax.legend(loc="upper right", fontsize=8)
     ax.set_title(f"{summary['run_name']}: goodput {100 * summary['goodput']:.0f}%, "
-                 f"{len(summary['events'])} interruptions")
+                 f"{sum(1 for e in summary['events'] if e['spot'])} spot interruptions")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.storage import Location
 
 
@@ -67,7 +67,7 @@ class Snapshot:
     intervals: dict[int, dict]
     evals: dict[int, dict]
     horizon: int
-    events: list[goodput.Event]  # interruptions whose recovery is known, or will never be
+    events: list[goodput.Event]  # attempts' endings, each once its kind is on record or the next attempt trained
 
     def rows_after(self, step: int, first_sent: Callable[[int], float]) -> list[Row]:
         wanted = sorted(s for s in {*self.steps, *self.intervals, *self.evals} if step < s <= self.horizon)
@@ -89,13 +89,16 @@ class _Attempt:
     steps: dict[int, ledger.StepRecord]
     intervals: dict[int, dict]
     evals: dict[int, dict]
+    finished: bool
+    recorded: dict | None  # the driver's ending.json
 
     def record(self) -> goodput.AttemptRecord:
-        return goodput.AttemptRecord(self.info, self.status, self.steps)
+        return goodput.AttemptRecord(self.info, self.status, self.steps, self.finished, self.recorded)
 
 
 class LedgerFeed:
-    """Reads the run's ledger poll after poll; an attempt that a newer one followed is read once more, then kept."""
+    """Reads the run's ledger poll after poll; an attempt that a newer one followed is read once more, then kept,
+    but for its ending, which the driver may record later (a node's loss reaches Ray seconds after the restart)."""
 
     def __init__(self, attempts_root: Location, log_every: int):
         self.root, self.log_every = attempts_root, log_every
@@ -105,7 +108,7 @@ class LedgerFeed:
     def snapshot(self, final: bool) -> Snapshot:
         """``final``: the run's workers are gone, so every record is written."""
         infos = ledger.read_attempts(self.root, self._known)
-        attempts = [self._ended.get(info.attempt_id) or self._read(info) for info in infos]
+        attempts = [self._ended_attempt(info.attempt_id) or self._read(info) for info in infos]
         for attempt in attempts[:-1]:
             self._ended.setdefault(attempt.info.attempt_id, attempt)
         steps: dict = {}
@@ -118,9 +121,15 @@ class LedgerFeed:
         horizon = max([*steps, *intervals, *evals], default=0) if final or not attempts else self._horizon(attempts[-1])
         events = [goodput.interruption(prev.record(), cur.record()) for prev, cur in zip(attempts, attempts[1:],
                                                                                           strict=False)]
-        if events and events[-1].recovery_s is None and not final:
-            events.pop()  # the newest attempt has not trained yet: its recovery time is still to come
+        if events and not final and not _settled(events[-1], attempts[-1]):
+            events.pop()  # its ending or its recovery time is still to come
         return Snapshot(steps, intervals, evals, horizon, events)
+
+    def _ended_attempt(self, attempt_id: str) -> _Attempt | None:
+        attempt = self._ended.get(attempt_id)
+        if attempt is not None and attempt.recorded is None and not attempt.finished:
+            attempt = self._ended[attempt_id] = replace(attempt, recorded=endings.read(self.root, attempt_id))
+        return attempt
 
     def _horizon(self, newest: _Attempt) -> int:
         """Rank 0 writes each kind of record on its own, about once a log interval: a live attempt's steps are
@@ -130,4 +139,11 @@ class LedgerFeed:
     def _read(self, info: ledger.AttemptInfo) -> _Attempt:
         attempt_id = info.attempt_id
         return _Attempt(info, goodput.read_status(self.root, attempt_id), ledger.read_steps(self.root, attempt_id),
-                        ledger.read_intervals(self.root, attempt_id), ledger.read_evals(self.root, attempt_id))
+                        ledger.read_intervals(self.root, attempt_id), ledger.read_evals(self.root, attempt_id),
+                        ledger.attempt_finished(self.root, attempt_id), endings.read(self.root, attempt_id))
+
+
+def _settled(event: goodput.Event, newest: _Attempt) -> bool:
+    """An ending is sent once: a stop or a finish at once, any other once the next attempt trained (its recovery is
+    known then, and a lost node on record)."""
+    return event.kind in endings.PAUSES or bool((newest.status or {}).get("first_step_at"))

@@ -58,7 +58,7 @@ class MlflowSink:
     def events(self, events: list[dict], new_from: int) -> None:
         from mlflow.entities import RunTag
 
-        tags = [RunTag(f"spotray.interruption.{n}", json.dumps(event)) for n, event in enumerate(events, 1)]
+        tags = [RunTag(f"spotray.ending.{n}", json.dumps(event)) for n, event in enumerate(events, 1)]
         self.client.log_batch(self.run_id, tags=tags[new_from:], synchronous=True)
 
     def summary(self, scalars: dict) -> None:

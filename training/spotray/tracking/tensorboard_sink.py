@@ -35,8 +35,9 @@ class TensorboardSink:
     def events(self, events: list[dict], new_from: int) -> None:
         for event in events[new_from:]:
             recovery = "-" if event["recovery_s"] is None else f"{event['recovery_s']} s"
-            self.writer.add_text("interruptions", f"{event['kind']} at step {event['step']}: {event['lost_steps']} "
-                                 f"steps lost, resumed from step {event['resumed_from']} after {recovery}",
+            self.writer.add_text("endings", f"{event['kind']} at step {event['step']} ({event['reason']}): "
+                                 f"{event['lost_steps']} steps lost, resumed from step {event['resumed_from']} after "
+                                 f"{recovery}",
                                  event["resumed_from"])  # a step already logged: no later purge_step reaches it
 
     def summary(self, scalars: dict) -> None:

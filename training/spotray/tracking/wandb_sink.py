@@ -41,7 +41,8 @@ class WandbSink:
             self.run.log(row.metrics, step=row.step)
 
     def events(self, events: list[dict], new_from: int) -> None:
-        self.run.summary["interruptions"] = events
+        self.run.summary["endings"] = events
+        self.run.summary["spot_interruptions"] = sum(1 for event in events if event["spot"])
 
     def summary(self, scalars: dict) -> None:
         self.run.summary.update(scalars)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.accounts.cost import LiveCost, gauge_figures
 from spotray.formats import step_of
 from spotray.storage import Location
@@ -34,7 +34,8 @@ GAUGES = {
     "goodput": "productive step time kept by the final model / wall time since the run started",
     "lost_steps": "steps trained and then lost to interruptions, whole run, as the step records show",
     "lost_steps_at_most": "upper bound of lost_steps: a kill can take up to two log intervals of unwritten records",
-    "interruptions": "worker-group restarts (preemptions, node losses, errors), whole run",
+    "interruptions": "spot interruptions (a preemption notice, or a spot node lost), whole run; not stops, errors "
+                     "or lost drivers",
     "checkpoint_blocking_seconds": "time training waited for the last checkpoint save",
     "checkpoint_save_seconds": "end-to-end time of the last checkpoint save",
     "checkpoint_restore_seconds": "time this attempt spent restoring its checkpoint",
@@ -199,10 +200,12 @@ class RankZeroTelemetry(Telemetry):
         if self._past is None:
             history = self._history.result()
             live = goodput.LiveGoodput(history, self.from_step)
-            interrupted_at = history.events[-1].interrupted_at if history.events else None
+            last = history.events[-1] if history.events else None
+            interrupted_at = last.interrupted_at if last and last.kind not in endings.PAUSES else None
             self._past = Past(live, _before_this_attempt(history, live.prior_productive), interrupted_at)
             first_step_at = self.clock.status["first_step_at"]
-            self.gauges.set(interruptions=len(history.events), lost_steps=sum(e.lost_steps for e in history.events),
+            self.gauges.set(interruptions=len(history.interruptions),
+                            lost_steps=sum(e.lost_steps for e in history.events),
                             lost_steps_at_most=sum(e.lost_steps_at_most for e in history.events),
                             recovery_seconds=first_step_at - interrupted_at if first_step_at and interrupted_at
                             else None)

@@ -1,0 +1,65 @@
+"""How ``spotray train``'s driver ends: a user's stop (Ctrl-C, SIGTERM) is recorded as the stop it is, and the rerun
+continues the run without counting the pause as an interruption or as the run's time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spotray.accounts import goodput, ledger
+from spotray.driver.launch import _stop_on_sigterm
+from spotray.storage import resolve
+from tests.console import assert_quiet_console
+from tests.training.runs import cli_env
+
+SPOTRAY = Path(sys.executable).parent / "spotray"
+
+
+def test_sigterm_of_the_driver_is_a_stop_as_ctrl_c_is():
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), _stop_on_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises at once
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def newest_step(attempts) -> int:
+    records = goodput.attempt_records(attempts) if attempts.exists() else []
+    return max((r.last_step for r in records), default=0)
+
+
+@pytest.mark.e2e  # two `spotray train` drivers on the session's Ray
+def test_a_ctrl_c_then_a_rerun_is_a_stop_not_an_interruption(dataset_url, tmp_path, ray_address):
+    run = ["--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path}/ckpt", "--set",
+           "train.seq_len=32", "--set", "checkpoint.every_steps=2", "--set", "train.log_every=1", "--set",
+           "scaling.num_workers=2", "--set", "run.name=stopped"]
+    env = cli_env(RAY_ADDRESS=ray_address)
+    attempts = ledger.attempts_root(resolve(str(tmp_path / "ckpt" / "stopped")))
+    driver = subprocess.Popen([str(SPOTRAY), "train", *run, "--set", "train.max_steps=100000"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 150
+    while newest_step(attempts) < 4 and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    driver.send_signal(signal.SIGINT)
+    _, err = driver.communicate(timeout=120)
+    assert driver.returncode == 130 and "spotray: interrupted" in err, err[-3000:]
+
+    stopped_at = newest_step(attempts)
+    rerun = subprocess.run([str(SPOTRAY), "train", *run, "--set", f"train.max_steps={stopped_at + 2}"], env=env,
+                           capture_output=True, text=True, timeout=180)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert_quiet_console(rerun.stdout + rerun.stderr, "the run was stopped by the user at step",
+                         "CONTINUING from step")
+    status = subprocess.run([str(SPOTRAY), "status", str(tmp_path / "ckpt" / "stopped"), "--json"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    got = json.loads(status.stdout)
+    (stop,) = got["endings"]
+    assert (stop["kind"], stop["reason"], stop["spot"]) == ("stopped", "Ctrl-C", False), stop
+    assert got["spot_interruptions"] == 0 and got["cost"]["interruptions"] == 0
+    assert got["paused_s"] > 0 and got["state"] == "finished"
