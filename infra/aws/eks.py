@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws import iam
+from infra.aws.deploy_policy import MANAGED_POLICIES
 from infra.kernel.config import KubernetesConfig
 from infra.kernel.names import DISCOVERY_TAG
 
@@ -41,8 +42,8 @@ class Cluster(pulumi.ComponentResource):
         k8s, tags = args.config, args.tags
         key = aws.kms.Key(f"{name}-secrets", description=f"EKS secrets encryption for {args.name}",
                           enable_key_rotation=True, deletion_window_in_days=30, tags=tags, opts=stateful)
-        role = iam.role(f"{name}-control-plane", "eks.amazonaws.com", ["AmazonEKSClusterPolicy"], tags, args.boundary,
-                        child)
+        role = iam.role(f"{name}-control-plane", "eks.amazonaws.com", MANAGED_POLICIES["control-plane"], tags,
+                        args.boundary, child)
         logs = aws.cloudwatch.LogGroup(f"{name}-logs", name=f"/aws/eks/{args.name}/cluster", retention_in_days=90,
                                        tags=tags, opts=child)
         vpc_config: aws.eks.ClusterVpcConfigArgsDict = {"subnet_ids": args.subnet_ids, "endpoint_private_access": True,

@@ -14,11 +14,10 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws import iam
-from infra.aws.deploy_policy import deploy_policy
+from infra.aws.deploy_policy import MANAGED_POLICIES, deploy_policy
 from infra.kernel.config import GitOpsConfig
 from infra.kernel.names import GITHUB_OIDC_AUDIENCE, GITHUB_OIDC_HOST
 
-PREVIEW_POLICY = "ReadOnlyAccess"
 SESSION_SECONDS = 3600
 
 
@@ -69,8 +68,8 @@ class GitHubRoles(pulumi.ComponentResource):
             # Built from the account, not the resource's arn: the trust policy is known (and checkable) at preview.
             provider = account.apply(provider_arn)
             depends_on = [created]
-        roles = {"deploy": (deploy_subject(gitops.repository, args.environment), []),
-                 "preview": (pull_request_subject(gitops.repository), [PREVIEW_POLICY])}
+        roles = {"deploy": (deploy_subject(gitops.repository, args.environment), ()),
+                 "preview": (pull_request_subject(gitops.repository), MANAGED_POLICIES["preview"])}
         created_roles = {
             kind: iam.trusted_role(f"{name}-{kind}", iam.policy_document([trust_statement(provider, subject)]),
                                    policies, args.tags, args.boundary,

@@ -10,11 +10,11 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.aws import iam
+from infra.aws.deploy_policy import MANAGED_POLICIES
 from infra.kernel.config import CorePoolConfig
 from infra.kernel.names import CORE_POOL, CORE_SELECTOR
 
-NODE_POLICIES = ["AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
-                 "AmazonSSMManagedInstanceCore"]
+NODE_POLICIES = MANAGED_POLICIES["node"]
 # Add-ons at the version EKS picks for the cluster's Kubernetes version; eks-pod-identity-agent before any role.
 ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns", "aws-ebs-csi-driver")
 
@@ -42,7 +42,7 @@ class CoreNodes(pulumi.ComponentResource):
             update_config={"max_unavailable": 1}, labels=CORE_SELECTOR, tags=tags,
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]))
         ebs_role = iam.role(f"{name}-ebs-csi", iam.POD_IDENTITY_PRINCIPAL,
-                            ["service-role/AmazonEBSCSIDriverPolicy"], tags, args.boundary, child)
+                            MANAGED_POLICIES["ebs-csi"], tags, args.boundary, child)
         previous: pulumi.Resource = group
         for addon in ADDONS:
             pod_identity: list[aws.eks.AddonPodIdentityAssociationArgsDict] | None = (

@@ -1,7 +1,10 @@
 """The deploy role's policy and the permissions boundary, under Pulumi mocks for every AWS stack: every resource type
-a plan creates has its actions, every role carries the boundary, the deploy role holds no managed policy, and
-cloudsplaining (checkov's, in ``.venv-checkov``, offline) finds no privilege escalation in any role's inline
-policy, while it does find one once the boundary condition is gone."""
+a plan creates has its actions, every action they name exists (policy-sentry's database), every role carries the
+boundary, the deploy role holds no managed policy, the stacks attach only ``MANAGED_POLICIES`` and the boundary
+refuses any other, and cloudsplaining (checkov's, in ``.venv-checkov``, offline) finds no privilege escalation in any
+role's inline policy, while it does find one once the boundary condition is gone. ``test_deploy_isolation.py`` and
+``test_deploy_sufficiency.py`` evaluate the policies: no stack's resources open to another's deploy role, and all
+of its own open to what ``pulumi up`` does."""
 
 import copy
 import fnmatch
@@ -9,18 +12,23 @@ import json
 import subprocess
 
 import pytest
+from policy_sentry.querying.actions import get_actions_for_service
 
 from infra.aws.deploy_policy import (
     DEPLOY_ACTIONS,
+    MANAGED_POLICIES,
+    attachable_policy_arns,
     boundary_arn,
     boundary_policy,
     deploy_policy,
+    managed_policy_arn,
     pipeline_role_arns,
 )
+from infra.kernel.settings import STACK_TAG
+from tests.infra.iam_eval import EXPLICIT_DENY, Request, allowed, decide, matches
+from tests.infra.stack_targets import ACCOUNT, AWS_STACKS
 from tests.repo import REPO
 
-AWS_STACKS = ("dev", "staging", "prod")
-ACCOUNT = "123456789012"  # the mocks' caller identity
 ANALYSER = REPO / ".venv-checkov" / "bin" / "python"
 _ESCALATIONS = """
 import json, sys
@@ -70,7 +78,7 @@ def test_every_role_carries_the_boundary_and_the_deploy_role_only_its_own_policy
     cfg, plan = stack_plans[stack]
     (boundary,) = plan.of_type("aws:iam/policy:Policy")
     assert boundary.inputs["name"] == f"{cfg.cluster_name}-boundary"
-    assert json.loads(boundary.inputs["policy"]) == boundary_policy(ACCOUNT, cfg.cluster_name)
+    assert json.loads(boundary.inputs["policy"]) == boundary_policy(ACCOUNT, cfg.cluster_name, cfg.stack)
     mocked_arn = f"arn:aws:mock:{cfg.region}:{ACCOUNT}:{boundary.name}"
     roles = plan.of_type("aws:iam/role:Role")
     assert len(roles) >= 6 and all(r.inputs["permissionsBoundary"] == mocked_arn for r in roles)
@@ -87,8 +95,9 @@ def test_roles_are_created_and_changed_only_with_the_boundary_and_the_guards_hol
     policy, prefix = deploy_policy(ACCOUNT, "spotray-prod", "prod"), "spotray-prod"
     (create,) = [s for s in policy["Statement"] if s["Sid"] == "RolesOnlyWithTheBoundary"]
     assert "iam:CreateRole" in create["Action"]
-    assert create["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": boundary_arn(ACCOUNT, prefix)}}
-    boundary = boundary_policy(ACCOUNT, prefix)
+    assert create["Condition"] == {"StringEquals": {"iam:PermissionsBoundary": boundary_arn(ACCOUNT, prefix),
+                                                    f"aws:RequestTag/{STACK_TAG}": "prod"}}
+    boundary = boundary_policy(ACCOUNT, prefix, "prod")
     for document in (policy, boundary):
         assert denied(document, "iam:DeleteRolePermissionsBoundary", f"arn:aws:iam::{ACCOUNT}:role/any")
         assert denied(document, "iam:CreatePolicyVersion", boundary_arn(ACCOUNT, prefix))
@@ -109,8 +118,50 @@ def test_cloudsplaining_finds_no_escalation_in_any_policy_a_stack_writes(stack_p
 
 def test_a_role_write_without_the_boundary_condition_is_caught():
     policy = copy.deepcopy(deploy_policy(ACCOUNT, "spotray-prod", "prod"))
-    (statement,) = [s for s in policy["Statement"] if s["Sid"] == "RolesOnlyWithTheBoundary"]
-    del statement["Condition"]
-    statement.update(Resource="*", Action=[*statement["Action"], "sts:AssumeRole"])  # cloudsplaining's paths need both
+    for statement in policy["Statement"]:
+        if "iam:PermissionsBoundary" in statement.get("Condition", {}).get("StringEquals", {}):
+            del statement["Condition"]
+            # cloudsplaining's paths need both
+            statement.update(Resource="*", Action=[*_listed(statement["Action"]), "sts:AssumeRole"])
     (paths,) = escalations([policy])
     assert {path["type"] for path in paths} >= {"PutRolePolicy", "AttachRolePolicy"}
+
+
+def test_every_action_the_policies_name_exists():
+    """A misspelt action grants nothing and denies nothing: each one, or each wildcard, names an action of
+    policy-sentry's database."""
+    prefix = "spotray-prod"
+    policies = (deploy_policy(ACCOUNT, prefix, "prod"), boundary_policy(ACCOUNT, prefix, "prod"))
+    named = {a for p in policies for s in p["Statement"] for a in _listed(s["Action"]) if a != "*"}
+    unknown = sorted(a for a in named if not any(matches(a, known, ignore_case=True)
+                                                 for known in get_actions_for_service(a.split(":")[0])))
+    assert unknown == []
+
+
+def _listed(value) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
+def test_the_stacks_attach_only_the_managed_policies_named_in_one_place(stack_plans):
+    attached = {a.inputs["policyArn"] for stack in AWS_STACKS
+                for a in stack_plans[stack][1].of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    assert attached == {managed_policy_arn(p) for policies in MANAGED_POLICIES.values() for p in policies}
+
+
+@pytest.mark.parametrize("policy", ["AdministratorAccess", "PowerUserAccess", "IAMFullAccess", "AmazonS3FullAccess"])
+def test_no_role_of_a_stack_gets_another_managed_policy(policy):
+    """Neither the deploy role may attach it to the stack's own roles, nor may any role under the boundary attach it
+    anywhere; nor the boundary itself as a role's policy."""
+    prefix, stack = "spotray-prod", "prod"
+    boundary = boundary_policy(ACCOUNT, prefix, stack)
+    own_role = {"iam:PermissionsBoundary": boundary_arn(ACCOUNT, prefix), f"iam:ResourceTag/{STACK_TAG}": stack,
+                f"aws:ResourceTag/{STACK_TAG}": stack}
+    role = f"arn:aws:iam::{ACCOUNT}:role/karpenter-node-0123abc"
+    for arn in (managed_policy_arn(policy), boundary_arn(ACCOUNT, prefix)):
+        attach = Request("iam:AttachRolePolicy", role, {**own_role, "iam:PolicyARN": arn})
+        assert not allowed(attach, [deploy_policy(ACCOUNT, prefix, stack)], boundary)
+        assert decide(attach, [{"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}],
+                      boundary) == EXPLICIT_DENY
+    for arn in attachable_policy_arns(ACCOUNT, prefix):
+        attach = Request("iam:AttachRolePolicy", role, {**own_role, "iam:PolicyARN": arn.replace("*", "x")})
+        assert allowed(attach, [deploy_policy(ACCOUNT, prefix, stack)], boundary)
