@@ -56,7 +56,9 @@ def test_the_readme_example_prints_a_line_per_run_and_a_total(tmp_path, monkeypa
                                                           for n in ("gpt-small", "llama")), "total"], lines
     assert main([*command[1:], "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    llama = report["runs"][1]
+    gpt, llama = report["runs"]
+    assert (gpt["spot_interruptions"], gpt["endings"]) == (1, ["kill"]) and llama["endings"] == []
+    assert report["total"]["spot_interruptions"] == 1
     assert llama["usd"] == pytest.approx(2 * 0.45) and llama["tokens"] == 100_000
     assert llama["usd_per_million_tokens"] == pytest.approx(2 * 0.45 / 0.1)
     assert report["total"]["usd"] == pytest.approx(sum(r["usd"] for r in report["runs"]))

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from spotray.accounts.node_records import (
     taint_keys,
 )
 from spotray.storage import Location
+
+log = logging.getLogger(__name__)
 
 ATTRIBUTE_WITHIN_S = 60.0  # a loss seen this long after the next attempt started is not what ended the attempt
 KUBERNETES_EVERY_S = 10.0  # one list of the cluster's nodes
@@ -45,6 +48,14 @@ def ray_nodes() -> dict[str, RayNode]:
         (node.get("Labels") or {}).get(CAPACITY_TYPE_LABEL)) for node in ray.nodes()}
 
 
+def _ray_nodes_or_none() -> dict[str, RayNode]:
+    try:
+        return ray_nodes()
+    except Exception as exc:  # noqa: BLE001 - the cluster going away is reported by the run itself
+        log.debug("cannot read Ray's nodes: %s", exc)
+        return {}
+
+
 class NodeWatch:
     def __init__(self, attempts_root: Location, recorder: NodeRecorder):
         self.root, self.recorder = attempts_root, recorder
@@ -55,7 +66,7 @@ class NodeWatch:
         """``ask_ray`` False: the nodes' records only (the head may be gone, and Ray's calls would then block)."""
         held = {name for a in attempts for name in a.nodes}
         kubernetes = in_kubernetes()
-        nodes = ray_nodes() if ask_ray and not kubernetes else {}
+        nodes = _ray_nodes_or_none() if ask_ray and not kubernetes else {}
         self.recorder.record(held, {name: n.capacity_type for name, n in nodes.items() if n.capacity_type})
         now = time.time()
         for name in sorted(held):  # each is in ``recorder.known`` now

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from spotray.errors import SpotrayError
@@ -50,7 +51,8 @@ def row(root: Location) -> dict:
     account = goodput.account_of(records, ledger.run_started_at(attempts))
     bill = cost.ledger_cost(attempts, records, account).to_dict()
     return {"run": root.url, "tokens": bill["tokens"], "wall_s": round(account.total_s, 1),
-            "goodput": round(account.goodput, 4), "usd": bill["usd"],
+            "goodput": round(account.goodput, 4), "spot_interruptions": bill["interruptions"],
+            "endings": [event.kind for event in account.events], "usd": bill["usd"],
             "usd_per_million_tokens": bill["usd_per_million_tokens"], "on_demand_usd": bill["on_demand_usd"],
             "saving": bill["saving"], "example_prices": bill["example_prices"]}
 
@@ -63,7 +65,8 @@ def total(rows: list[dict]) -> dict:
 
     usd, on_demand, tokens = known_sum("usd"), known_sum("on_demand_usd"), known_sum("tokens")
     return {"runs": len(rows), "tokens": None if tokens is None else int(tokens),
-            "wall_s": round(sum(r["wall_s"] for r in rows), 1), "usd": usd,
+            "wall_s": round(sum(r["wall_s"] for r in rows), 1),
+            "spot_interruptions": sum(r["spot_interruptions"] for r in rows), "usd": usd,
             "usd_per_million_tokens": round(usd / (tokens / 1e6), 4) if usd is not None and tokens else None,
             "on_demand_usd": on_demand,
             "saving": round(1 - usd / on_demand, 4) if usd is not None and on_demand else None,
@@ -71,7 +74,7 @@ def total(rows: list[dict]) -> dict:
 
 
 def format_text(report: dict) -> str:
-    header = ("run", "tokens", "wall", "goodput", "USD", "USD/Mtok", "saving")
+    header = ("run", "tokens", "wall", "goodput", "spot int.", "USD", "USD/Mtok", "saving", "endings")
     lines = [_cells(r, r["run"]) for r in report["runs"]]
     lines.append(_cells(report["total"], f"total ({report['total']['runs']} runs)"))
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
@@ -89,5 +92,6 @@ def _cells(r: dict, name: str) -> tuple[str, ...]:
     saving = "unknown" if r["saving"] is None else f"{100 * r['saving']:.1f}%"
     goodput_cell = f"{100 * r['goodput']:.1f}%" if "goodput" in r else "-"
     tokens = "unknown" if r["tokens"] is None else f"{r['tokens']:,}"
-    return (name, tokens, f"{r['wall_s'] / 3600:,.2f} h", goodput_cell, money(r["usd"]),
-            money(r["usd_per_million_tokens"]), saving)
+    endings = ", ".join(f"{kind} {count}" for kind, count in sorted(Counter(r.get("endings", [])).items()))
+    return (name, tokens, f"{r['wall_s'] / 3600:,.2f} h", goodput_cell, str(r["spot_interruptions"]),
+            money(r["usd"]), money(r["usd_per_million_tokens"]), saving, endings or "-")
