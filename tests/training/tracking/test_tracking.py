@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,42 @@ def test_an_unknown_tracking_key_is_one_line_naming_it(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     (error,) = [line for line in proc.stderr.splitlines() if line.startswith("spotray: error:")]
     assert "config 'tracking.mlflow.bogus': unknown key" in error
+
+
+def test_a_tracker_whose_call_never_returns_holds_up_neither_training_nor_the_end_of_the_run(tmp_path, monkeypatch):
+    """The trackers' no-effect check: they follow the ledger from their own thread, so a hung one (a server that
+    accepts the connection and never answers) costs the run nothing but a warning. Mutation run (2026-11-30): with
+    ``Follower.__exit__`` joining its thread without a bound, this test fails on its deadline."""
+    from spotray.tracking.tensorboard_sink import TensorboardSink
+
+    cfg = config.load(None, ["data.path=/unused", f"checkpoint.path={tmp_path / 'runs'}", "run.name=hung",
+                             "train.max_steps=40", f"train.log_every={LOG_EVERY}",
+                             f"tracking.tensorboard.dir={tmp_path / 'tb'}"])
+    called, release = threading.Event(), threading.Event()
+
+    def hang(self, rows):
+        called.set()
+        release.wait()
+
+    monkeypatch.setattr(TensorboardSink, "rows", hang)
+    root = run_root(cfg)
+    console = io.StringIO()
+    follower = Follower(cfg, root, stream=console, poll_s=0.05, retry_for_s=0.5)
+    trained = threading.Event()
+
+    def run() -> None:
+        with follower:
+            write_attempt(ledger.attempts_root(root), "a", 0, 40, started_at=1000.0)  # training goes on
+            assert called.wait(30)
+            trained.set()
+        follower.finish(summary(40))
+
+    driver = threading.Thread(target=run, daemon=True)
+    driver.start()
+    driver.join(timeout=60)
+    try:
+        assert trained.is_set() and not driver.is_alive(), "the run waited for a tracker that never answers"
+        assert follower.stuck == "tensorboard"
+        assert "tracking.tensorboard: a call to the tracker has not returned in 0.55 s" in console.getvalue()
+    finally:
+        release.set()

@@ -32,7 +32,8 @@ class Follower:
     """Context manager around the run's ``fit``: polls the ledger every ``poll_s`` and sends each configured
     tracker what it lacks. On a clean exit it makes a final pass, waiting up to ``retry_for_s`` for a tracker that
     cannot be reached, and ``finish(summary)`` follows. On an exception it makes one best-effort pass and leaves the
-    tracker runs for a rerun to continue."""
+    tracker runs for a rerun to continue. A tracker whose call never returns holds nothing up: the run ends after
+    the same bound, saying so."""
 
     def __init__(self, cfg: TrainConfig, run_root: Location, stream=None, poll_s: float = POLL_S,
                  retry_for_s: float = RETRY_FOR_S, max_pending_points: int = MAX_PENDING_POINTS):
@@ -47,6 +48,8 @@ class Follower:
         self._saved = self.state.to_json()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="spotray-tracking")
+        self._feeding: str | None = None  # the tracker being sent to, or last sent to
+        self.stuck: str | None = None  # the tracker whose call had not returned when the run ended
 
     def __enter__(self) -> Follower:
         if self.channels:
@@ -57,7 +60,13 @@ class Follower:
         if not self.channels:
             return
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout=self.retry_for_s + self.poll_s)
+        if self._thread.is_alive():  # a tracker's call never returned: the run does not wait for it
+            self.stuck = self._feeding
+            self._warn(f"tracking.{self.stuck}: a call to the tracker has not returned in "
+                       f"{self.retry_for_s + self.poll_s:g} s; the run ends without waiting for it, and a rerun "
+                       "sends the tracker what it lacks")
+            return
         if exc_type is None:
             self._settle()
             return
@@ -69,6 +78,8 @@ class Follower:
     def finish(self, summary: dict) -> None:
         """After a clean exit: a run trained to ``train.max_steps`` is finished; one that stopped short of it
         (``train.stop_at_step``) is left for a rerun to continue, as after a failure."""
+        if self.stuck:
+            return
         for channel in self.channels:
             if self.max_steps is None or summary["final_step"] >= self.max_steps:
                 channel.finish(summary_scalars(summary))
@@ -83,7 +94,10 @@ class Follower:
         except (SpotrayError, OSError, ValueError, KeyError) as exc:
             log.info("tracking: cannot read the ledger yet: %s", exc)  # a storage hiccup: the next poll catches up
             return False
-        done = [channel.feed(snapshot, self.params, time.time()) for channel in self.channels]
+        done = []
+        for channel in self.channels:
+            self._feeding = channel.name
+            done.append(channel.feed(snapshot, self.params, time.time()))
         self._save()
         return all(done)
 
