@@ -50,11 +50,13 @@ def test_goodput_bench_reports_both_variants_with_their_badput(reused_clusters, 
 
 
 @pytest.mark.cluster
-def test_planner_bench_compares_the_prediction_with_a_drill(reused_clusters, demo_workdir):
+def test_planner_bench_predicts_a_drill_with_three_kills_it_did_not_calibrate_on(reused_clusters, demo_workdir):
     from spotray.bench.planner import run
 
-    result = run(steps=300, faults_per_run=(1.0,), clusters=reused_clusters, workdir=demo_workdir)
+    result = run(steps=480, kills=(3,), rounds=1, clusters=reused_clusters, workdir=demo_workdir)
     assert_made_by(result, "tiny")
     (drill,) = result["drills"]
+    assert drill["kills"] == 3 and len(drill["at_steps"]) == 3  # the bench raises unless all 3 were on record
     assert 0 < drill["predicted_goodput"] < 1 and 0 < drill["measured_goodput"] < 1
     assert result["largest_gap"] == round(abs(drill["predicted_goodput"] - drill["measured_goodput"]), 4)
+    assert result["spread_between_repeats"] == {"3": 0.0} and result["calibration"]["times"]["restart_s"] > 0

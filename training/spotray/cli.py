@@ -250,7 +250,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2,
-                   help="throughput, recovery, prepare, goodput, tracking benches: runs per side, interleaved")
+                   help="throughput, recovery, prepare, goodput, tracking benches: runs per side, interleaved; "
+                        "planner bench: drills per count of kills")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
@@ -262,8 +263,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "replacement starts (default 10: Ray has noticed the loss and waits for capacity)")
     p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
     p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
-    p.add_argument("--rates", default="1,2,3",
-                   help="planner bench: the interruption rates to drill, in faults per run (default 1,2,3)")
+    p.add_argument("--kills", default="1,2,4",
+                   help="planner bench: kills per drill, one drill per count and round (default 1,2,4; one count "
+                        "must be 3 or more)")
     p.add_argument("--faults", type=int, default=10,
                    help="soak bench: how many faults its schedule holds (at least one of each kind: 7)")
     p.add_argument("--script", action="store_true",

@@ -131,10 +131,24 @@ def test_recovery_bench_of_a_trainer_script_against_rays_integration():
     assert_ratios(s3, "recovery_ratio", "recovery_ratio_median", "worker_ratio")
 
 
-@pytest.mark.parametrize(("argv", "error"), [(["planner", "--rates", "0"], "--rates '0': give positive faults"),
-                                             (["planner", "--steps", "10"], "--steps 10: give at least 300")])
+@pytest.mark.parametrize(("argv", "error"), [
+    (["planner", "--kills", "x"], "--kills 'x': give counts of kills per drill"),
+    (["planner", "--kills", "1,2"], "--kills 1,2: give counts of 1 or more, one of them 3 or more"),
+    (["planner", "--steps", "300"], "--steps 300 is too few for 4 kills: give at least 551")])
 def test_the_planner_bench_refuses_bad_arguments_before_starting_anything(argv, error, capsys):
     from spotray.cli import main
 
     assert main(["bench", *argv, "--json"]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_the_planner_benchs_kills_are_spread_apart_and_differ_between_repeats():
+    from spotray.bench.planner import GAP_STEPS, TAIL_STEPS, spread_kills
+
+    first, second = spread_kills(4, 1800, seed=0), spread_kills(4, 1800, seed=1)
+    for plan in (first, second):
+        steps = [step for kind, step in plan]
+        assert {kind for kind, _ in plan} == {"kill"} and len(steps) == 4
+        assert all(b - a >= GAP_STEPS for a, b in zip(steps, steps[1:], strict=False))
+        assert steps[-1] < 1800 - TAIL_STEPS
+    assert first != second

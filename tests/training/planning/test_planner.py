@@ -183,6 +183,20 @@ def test_the_table_has_a_row_per_size_and_capacity_and_json_has_the_same_plans(c
     spot = [p for p in report["plans"] if p["capacity"] == "spot"]
     assert spot[0]["goodput"] > spot[1]["goodput"] > spot[2]["goodput"]
     assert all(p["usd_per_mtok"] > 0 for p in report["plans"])
+    assert report["defaults"] == [] and "defaults from" not in text  # bytes and bandwidth given: nothing stands in
+
+
+def test_the_bench_defaults_never_stand_in_silently(capsys):
+    bench = replace(BASE, blocking_save_s=None, save_s=None, restore_s=None, async_save=True)
+    assert [d.split(",")[0] for d in planner.defaults_used(bench)] == [
+        "the save time", "an async save's blocking share", "the restore time"]
+    sized = replace(bench, async_save=False, checkpoint_bytes=112e9)
+    assert planner.defaults_used(sized) == ["the storage's bandwidth per node (give --storage-gb-s)"]
+    assert planner.defaults_used(replace(sized, storage_bytes_per_s=2e9)) == []
+    estimate("--steps", "1000", "--tokens-per-step", "1e6", "--step-s", "1", "--restart-s", "300",
+             "--interruptions-per-node-hour", "0.01", "--spot-price", "1", "--on-demand-price", "3")
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("defaults from")]
+    assert planner.BENCH_SOURCE in line and "not your cluster's" in line and "--save-s" in line
 
 
 # ---- validation against a real run ----------------------------------------------------------------------------
@@ -211,6 +225,7 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     estimate("--from", str(INTERRUPTED_RUN), "--json")
     report = json.loads(capsys.readouterr().out)
     spot = report["plans"][0]
+    assert report["defaults"] == []  # the run measured its save and restore times
     assert report["measured"]["goodput"] == pytest.approx(run.goodput, abs=1e-4)
     assert abs(spot["goodput"] - run.goodput) < 0.05
     with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* the run saw 2 spot interruptions in"):

@@ -51,7 +51,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "planner":
         from spotray.bench.planner import run as run_planner
 
-        return run_planner(steps=args.steps or 1800, faults_per_run=_rates(args.rates))
+        return run_planner(steps=args.steps or 1800, kills=_counts(args.kills), rounds=args.rounds)
     if which == "tracking":
         from spotray.bench.tracking import run as run_tracking
 
@@ -78,11 +78,11 @@ def _gap(args: argparse.Namespace) -> dict:
     return {"capacity_gap_s": args.capacity_gap}
 
 
-def _rates(arg: str) -> tuple[float, ...]:
+def _counts(arg: str) -> tuple[int, ...]:
     try:
-        rates = tuple(float(r) for r in arg.split(",") if r.strip())
+        counts = tuple(int(c) for c in arg.split(",") if c.strip())
     except ValueError:
-        rates = ()
-    if not rates or min(rates) <= 0:
-        raise SpotrayError(f"--rates {arg!r}: give positive faults per run, comma-separated, e.g. 1,2,3")
-    return rates
+        counts = ()
+    if not counts:
+        raise SpotrayError(f"--kills {arg!r}: give counts of kills per drill, comma-separated, e.g. 1,2,4")
+    return counts

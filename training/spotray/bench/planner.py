@@ -1,8 +1,11 @@
-"""``spotray bench planner``: the planner's goodput against goodput measured at several interruption rates.
+"""``spotray bench planner``: the planner checked on runs it has not seen.
 
-A calibration drill (the demo's run on a local 3-node Ray cluster, one kill halfway) measures the run's times; then
-drills with kills at seeded random times of a Poisson process at 1, 2 and 3 faults per run. The planner, fed the
-calibration's times and each drill's count of kills, predicts that drill's goodput, which its ledger measured.
+A calibration drill (the demo's run on a local 3-node Ray cluster, one kill halfway) measures the run's step, save,
+restore and restart times. Then drills the calibration never saw, each with a fixed count of kills (by default 1, 2
+and 4: at least one drill must have 3 or more, and each must get every kill it planned), spread over the run with a
+seeded jitter, each count repeated ``rounds`` times. The planner, fed the calibration's times and a drill's count of
+kills, predicts that drill's goodput, which the drill's ledger measured; the spread between the repeats of a count
+is the noise the prediction is judged against.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,8 +26,11 @@ from spotray.errors import SpotrayError
 from spotray.planning import calibration, planner
 from spotray.worker.attempt import run_root
 
-FAULTS_PER_RUN = (1.0, 2.0, 3.0)
+KILLS = (1, 2, 4)
+SEVERAL = 3  # the most kills of a drill must be at least this: the loss of several faults in one run is checked
 WITHIN = 0.05  # of goodput: the planner's prediction is good enough to plan by
+TAIL_STEPS = 100  # no kill this close to the end: the run could be finished before it lands
+GAP_STEPS = 60  # nor this close to the previous one: a checkpoint and the restart between
 
 
 def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]], clusters: ReusedCluster) -> Path:
@@ -50,47 +57,62 @@ def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]],
     return Path(root.path)
 
 
-def poisson_kills(rate_per_s: float, wall_per_step_s: float, steps: int, seed: int) -> list[tuple[str, int]]:
-    """Kills at the steps a Poisson process of ``rate_per_s`` reaches, in wall seconds of training; none in the last
-    100 steps (the run could be finished) or within 60 of the previous one (a checkpoint and the restart between)."""
-    rng, at_s = random.Random(seed), 0.0
-    plan: list[tuple[str, int]] = []
-    while True:
-        at_s += rng.expovariate(rate_per_s)
-        step = int(at_s / wall_per_step_s)
-        if step >= steps - 100:
-            return plan
-        if not plan or step > plan[-1][1] + 60:
-            plan.append(("kill", step))
+def spread_kills(kills: int, steps: int, seed: int) -> list[tuple[str, int]]:
+    """``kills`` kills evenly over the run's first ``steps - TAIL_STEPS`` steps, each moved by a seeded jitter of up
+    to a sixth of the spacing (so repeats land at other points of the checkpoint interval)."""
+    spacing = (steps - TAIL_STEPS) / (kills + 1)
+    if spacing < GAP_STEPS * 1.5:
+        raise SpotrayError(f"bench planner: --steps {steps} is too few for {kills} kills: give at least "
+                           f"{int(TAIL_STEPS + GAP_STEPS * 1.5 * (kills + 1)) + 1}")
+    rng = random.Random(seed)
+    jitter = int(spacing / 6)
+    return [("kill", round(spacing * (i + 1)) + rng.randint(-jitter, jitter)) for i in range(kills)]
 
 
-def run(steps: int = 1800, faults_per_run: tuple[float, ...] = FAULTS_PER_RUN, clusters: ReusedCluster | None = None,
+def run(steps: int = 1800, kills: tuple[int, ...] = KILLS, rounds: int = 2, clusters: ReusedCluster | None = None,
         workdir: str | None = None) -> dict:
     """``clusters`` and ``workdir``: a caller's cluster and a folder that may already hold the demo's corpus (the
     drills'), else new ones."""
-    if steps < 300:
-        raise SpotrayError(f"bench planner: --steps {steps}: give at least 300 (a kill needs room to land and recover)")
+    if not kills or min(kills) < 1 or max(kills) < SEVERAL:
+        raise SpotrayError(f"bench planner: --kills {','.join(map(str, kills))}: give counts of 1 or more, one of "
+                           f"them {SEVERAL} or more (e.g. 1,2,4)")
+    spread_kills(max(kills), steps, seed=0)  # the most kills fit, or one line says how many steps would
+    plans = {count: [spread_kills(count, steps, seed=100 * count + r) for r in range(rounds)] for count in kills}
     workdir = workdir or new_workdir()
     data_url = demo.stdlib_corpus(workdir)
     with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
-        return _run(Path(workdir), data_url, steps, faults_per_run, reused)
+        return _run(Path(workdir), data_url, steps, plans, reused)
 
 
-def _run(workdir: Path, data_url: str, steps: int, faults_per_run: tuple[float, ...], clusters: ReusedCluster) -> dict:
+def _run(workdir: Path, data_url: str, steps: int, plans: dict[int, list[list[tuple[str, int]]]],
+         clusters: ReusedCluster) -> dict:
     calibrated = calibration.inputs_from_run(str(drill(workdir / "calibration", data_url, steps,
                                                           [("kill", steps // 2)], clusters)))
     times = {k: v for k, v in calibrated.values.items() if k not in ("interruptions", "notice_share")}
-    wall_per_step = times["step_s"] + times["overhead_s_per_step"]
-    drills = []
-    for seed, faults in enumerate(faults_per_run):
-        plan = poisson_kills(faults / (steps * wall_per_step), wall_per_step, steps, seed)
-        started = time.monotonic()
-        measured = calibration.inputs_from_run(str(drill(workdir / f"rate-{seed}", data_url, steps, plan,
-                                                            clusters)))
-        predicted = next(p for p in planner.plan(planner.Inputs(**times, interruptions=len(plan)))
-                         if p.nodes == times["nodes"][0] and p.capacity == "spot")
-        drills.append({"planned_faults_per_run": faults, "kills": len(plan), "predicted_goodput": predicted.goodput,
-                       "measured_goodput": measured.goodput, "seconds": round(time.monotonic() - started)})
+    drills: list[dict[str, Any]] = []
+    for count, repeats in plans.items():
+        for r, plan in enumerate(repeats):
+            started = time.monotonic()
+            measured = calibration.inputs_from_run(str(drill(workdir / f"kills-{count}-{r}", data_url, steps, plan,
+                                                                clusters)))
+            if measured.values["interruptions"] != count:
+                raise SpotrayError(f"bench planner: {count} kills injected, {measured.values['interruptions']} spot "
+                                   f"interruptions on record in {measured.url}")
+            predicted = next(p for p in planner.plan(planner.Inputs(**times, interruptions=count))
+                             if p.nodes == times["nodes"][0] and p.capacity == "spot")
+            drills.append({"kills": count, "at_steps": [step for _, step in plan],
+                           "predicted_goodput": round(predicted.goodput, 4),
+                           "measured_goodput": round(measured.goodput, 4),
+                           "seconds": round(time.monotonic() - started)})
     gap = max(abs(d["predicted_goodput"] - d["measured_goodput"]) for d in drills)
-    return {"machine": machine(), "model": "tiny", "steps": steps, "drills": drills, "largest_gap": round(gap, 4),
-            "within_5_points": gap < WITHIN}
+    spread = {str(count): round(max(d["measured_goodput"] for d in drills if d["kills"] == count)
+                                - min(d["measured_goodput"] for d in drills if d["kills"] == count), 4)
+              for count in plans}
+    return {"machine": machine(), "model": "tiny", "steps": steps,
+            "calibration": {"goodput": round(calibrated.goodput, 4), "times": _rounded(times)},
+            "drills": drills, "largest_gap": round(gap, 4), "within_5_points": gap < WITHIN,
+            "spread_between_repeats": spread}
+
+
+def _rounded(times: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in times.items()}

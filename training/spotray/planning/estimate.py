@@ -9,7 +9,7 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from spotray.errors import SpotrayError
-from spotray.planning.planner import Inputs, Plan, _flag, plan, save_times
+from spotray.planning.planner import BENCH_SOURCE, Inputs, Plan, _flag, defaults_used, plan, save_times
 
 if TYPE_CHECKING:  # the CLI imports this module to register the command: the ledger's pyarrow waits for --from
     from spotray.planning.calibration import Measured
@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> None:
     inputs, measured = inputs_from_args(args)
     plans = plan(inputs)
     if getattr(args, "json", False):
-        report = {"inputs": _inputs_dict(inputs), "plans": [p.to_dict() for p in plans]}
+        report = {"inputs": _inputs_dict(inputs), "plans": [p.to_dict() for p in plans],
+                  "defaults": defaults_used(inputs)}
         if measured:
             assert measured.bill is not None  # inputs_from_run's
             report["measured"] = {"url": measured.url, "goodput": round(measured.goodput, 4),
@@ -215,6 +216,9 @@ def render(inputs: Inputs, plans: list[Plan], measured: Measured | None = None) 
                  + (f"; {inputs.warm_spares} warm spare(s) billed on spot" if inputs.warm_spares else ""))
     if measured:
         lines.append(f"measured from {measured.url}: goodput {measured.goodput:.1%} over {_duration(measured.wall_s)}")
+    defaults = defaults_used(inputs)
+    if defaults:
+        lines.append(f"defaults from {BENCH_SOURCE}, not your cluster's: {'; '.join(defaults)}")
     return "\n".join(lines)
 
 

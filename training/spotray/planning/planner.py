@@ -263,6 +263,27 @@ def save_times(inputs: Inputs, nodes: int) -> tuple[float, float, float]:
     return blocking, save, restore
 
 
+BENCH_SOURCE = "the 2-core dev machine's local-disk bench (GPT-2 124M, BENCHMARKS.md)"
+
+
+def defaults_used(inputs: Inputs) -> list[str]:
+    """The figures the plan takes from ``BENCH_SOURCE`` because nothing given or measured sets them, each with the
+    flags that would: none of them is a GPU cluster's."""
+    sized = inputs.checkpoint_bytes is not None
+    bandwidth = "the storage's bandwidth per node (give --storage-gb-s)"
+    used = []
+    if inputs.save_s is None and inputs.blocking_save_s is None and not sized:
+        used.append(f"the save time, {BENCH_SAVE_S:g} s (give --save-s, or --checkpoint-gb with --storage-gb-s)")
+    if inputs.blocking_save_s is None and inputs.async_save:
+        used.append(f"an async save's blocking share, {BENCH_ASYNC_BLOCKED_RATIO:g} (give --blocking-save-s)")
+    if inputs.restore_s is None and not sized:
+        used.append(f"the restore time, {BENCH_RESTORE_S:g} s (give --restore-s, or --checkpoint-gb with "
+                    "--storage-gb-s)")
+    if sized and inputs.storage_bytes_per_s is None and (inputs.save_s is None or inputs.restore_s is None):
+        used.append(bandwidth)
+    return used
+
+
 def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
     spot = capacity == "spot"
     steps = inputs.total_steps
