@@ -63,3 +63,16 @@ def test_a_ctrl_c_then_a_rerun_is_a_stop_not_an_interruption(dataset_url, tmp_pa
     assert (stop["kind"], stop["reason"], stop["spot"]) == ("stopped", "Ctrl-C", False), stop
     assert got["spot_interruptions"] == 0 and got["cost"]["interruptions"] == 0
     assert got["paused_s"] > 0 and got["state"] == "finished"
+
+
+def test_a_scripts_summary_gives_the_interval_its_checkpoints_show_not_the_configs():
+    from types import SimpleNamespace
+
+    from spotray import config
+    from spotray.driver.launch import _cadence
+
+    script = config.load(None, ["script.path=train.py", "checkpoint.every_steps=50", "data.path=/unused"])
+    kept = [SimpleNamespace(step=step) for step in (20, 15, 10)]  # newest first, as list_committed gives them
+    assert _cadence(script, kept) == 5
+    assert _cadence(script, kept[:1]) is None  # one checkpoint shows no interval
+    assert _cadence(config.load(None, ["checkpoint.every_steps=50", "data.path=/unused"]), kept) == 50

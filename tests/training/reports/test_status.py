@@ -141,6 +141,18 @@ def test_an_earlier_attempts_final_metrics_do_not_finish_a_run_trained_further(r
     assert status_json(run.url, capsys=capsys)["state"] == "stopped"
 
 
+def test_a_ledger_from_before_endings_reads_unknown_and_says_so_once(run, capsys):
+    attempts = ledger.attempts_root(run)
+    attempts.child(endings.DRIVER_FILE).delete_file()  # as a ledger written before drivers recorded themselves
+    attempts.child("b", endings.ENDING_FILE).delete_file()
+    got = status_json(run.url, capsys=capsys)
+    assert [e["kind"] for e in got["endings"]] == ["notice", "unknown"] and got["endings_unrecorded"]
+    assert got["spot_interruptions"] == 1 and got["cost"]["interruptions"] == 1  # unknown is never one
+    assert main(["status", run.url]) == 0
+    text = capsys.readouterr().out
+    assert text.count("predates recorded endings") == 1, text
+
+
 def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     attempts = ledger.attempts_root(run)
     goodput_status = goodput.read_status(attempts, "c")
