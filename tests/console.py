@@ -14,7 +14,7 @@ LINE_KINDS = {
     "interruption": re.compile(r"^spotray: (PREEMPTION NOTICE|SPOT INTERRUPTION without notice|INTERRUPTED|FAILURE) "
                                r"at step \d+"),
     "pause": re.compile(r"^spotray: the run was (finished|stopped by the user) at step \d+: not an interruption"),
-    "recovery": re.compile(r"^spotray: (MOVING ON|RESUMED|CONTINUING) from step \d+"),
+    "recovery": re.compile(r"^spotray: ((MOVING ON|RESUMED|CONTINUING) from step \d+|the workers lost a spot node)"),
     "waiting": re.compile(r"^spotray: WAITING for capacity: "),
     "warning": re.compile(r"^spotray: (warning|error): "),
     "summary": re.compile(r"^(spotray: (done|checkpoints|cost):|cost: |loss curve: |ending |-+ |goodput |"

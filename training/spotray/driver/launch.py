@@ -22,6 +22,7 @@ from ray.train.torch import TorchConfig
 
 # What ray.train and ray.train.torch serve under Train V2, named where the checker can see them.
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+from ray.train.v2.api.exceptions import TrainingFailedError
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from spotray.accounts import cost, endings, goodput, ledger
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 # Ray Train polls its workers every 2 s and the nodes' drain state every 5 s by default: seconds added to every start,
 # end, failure and notice (a 10-step run took 33 s against 27.5 s at these). Each poll is one small call per worker.
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+KILL_EVIDENCE_WAIT_S = 45.0  # Ray marks a lost node dead after its health checks fail (about 15 s by default)
 
 
 def ray_train_fn(config: dict) -> None:
@@ -139,15 +141,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         with _stop_on_sigterm(), head, ProgressMonitor(
                 attempts, tokens_per_step, stream=console, nodes=nodes,
                 placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
-            moves = 0
-            # an attempt moved on a notice: run again on the other capacity
-            while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console):
-                moves += 1
-                budget = cfg.fault_tolerance.max_preemptions
-                if 0 <= budget < moves:
-                    raise TrainingFailed(f"training run '{cfg.run.name}' moved on {moves} preemption notices, over "
-                                         f"fault_tolerance.max_preemptions={budget}; raise it (-1: no limit) and "
-                                         "run the same command again to resume")
+            _fit_until_done(cfg, workers_cfg, runtime_env, root, console)
     except TrainingFailed as exc:
         ending = (endings.DRIVER_FAILED, str(exc))
         raise
@@ -176,6 +170,55 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
+
+
+def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
+                    console: TextIO | None) -> None:
+    """``_fit`` until the run is done, started again after an attempt that moved on a notice (on the other
+    capacity), and after Ray Train gave up on a failure that the evidence says was a spot node lost without notice:
+    Ray charges such a kill to ``max_failures`` (only a node that Ray drained as preempted counts as a preemption),
+    spotray to ``max_preemptions``, as for every spot interruption. Errors stay within ``max_failures``."""
+    attempts, started, restarts = root.child("attempts"), time.time(), 0
+    while True:
+        try:
+            if not _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console):
+                return
+            why = "moved on a preemption notice"
+        except TrainingFailedError:
+            if not _ended_by_spot_kill(attempts) or _errors_over_budget(cfg, attempts, started):
+                raise
+            why = "lost a spot node, which Ray Train counts against its failure budget"
+            (console or sys.stderr).write(f"spotray: the workers {why}: starting them again (spotray counts it "
+                                          "against fault_tolerance.max_preemptions)\n")
+        restarts += 1
+        budget = cfg.fault_tolerance.max_preemptions
+        if 0 <= budget < restarts:
+            raise TrainingFailed(f"training run '{cfg.run.name}' restarted {restarts} times after spot "
+                                 f"interruptions (the last: it {why}), over fault_tolerance.max_preemptions={budget}; "
+                                 "raise it (-1: no limit) and run the same command again to resume")
+
+
+def _ended_by_spot_kill(attempts: Location) -> bool:
+    """Whether the newest attempt ended by a spot node's loss. Its own error says no at once; the node watch's record
+    of a lost node may come after Ray gave up (Ray marks a node dead once its health checks fail), so it is waited
+    for, up to ``KILL_EVIDENCE_WAIT_S``."""
+    newest = ledger.read_attempts(attempts)[-1:]
+    deadline = time.monotonic() + KILL_EVIDENCE_WAIT_S
+    while newest:
+        ending = goodput.attempt_record(attempts, newest[0], steps=False).ending
+        if ending.kind != endings.UNKNOWN:
+            return ending.kind == endings.KILL
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return False
+
+
+def _errors_over_budget(cfg: TrainConfig, attempts: Location, since: float) -> bool:
+    """This driver's attempts that ended otherwise than by a spot interruption, over ``max_failures``."""
+    budget = cfg.fault_tolerance.max_failures
+    mine = [info for info in ledger.read_attempts(attempts) if info.started_at >= since][:-1]  # but the newest
+    return 0 <= budget < sum(1 for info in mine if not goodput.attempt_record(attempts, info, steps=False).ending.spot)
 
 
 def _newest_attempt(attempts: Location) -> str | None:
