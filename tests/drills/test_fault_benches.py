@@ -58,5 +58,6 @@ def test_planner_bench_predicts_a_drill_with_three_kills_it_did_not_calibrate_on
     (drill,) = result["drills"]
     assert drill["kills"] == 3 and len(drill["at_steps"]) == 3  # the bench raises unless all 3 were on record
     assert 0 < drill["predicted_goodput"] < 1 and 0 < drill["measured_goodput"] < 1
+    assert 0 < drill["predicted_goodput_at_its_step_time"] < 1
     assert result["largest_gap"] == round(abs(drill["predicted_goodput"] - drill["measured_goodput"]), 4)
     assert result["spread_between_repeats"] == {"3": 0.0} and result["calibration"]["times"]["restart_s"] > 0
