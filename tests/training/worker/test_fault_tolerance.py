@@ -131,8 +131,9 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
     cfg = make_config(dataset_url, str(tmp_path), "moves", f"fault_tolerance.max_preemptions={budget}",
                       "fault_tolerance.max_failures=0")
     if budget == 1:
-        with pytest.raises(TrainingFailed, match=r"moved on 2 preemption notices, over "
-                                                 r"fault_tolerance.max_preemptions=1; raise it"):
+        with pytest.raises(TrainingFailed, match=r"restarted 2 times after spot interruptions \(the last: it moved "
+                                                 r"on a preemption notice\), over fault_tolerance.max_preemptions=1; "
+                                                 r"raise it"):
             launch.run(cfg)
     else:
         assert launch.run(cfg) == {"finished": True}
