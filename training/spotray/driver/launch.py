@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 # Ray Train polls its workers every 2 s and the nodes' drain state every 5 s by default: seconds added to every start,
 # end, failure and notice (a 10-step run took 33 s against 27.5 s at these). Each poll is one small call per worker.
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
 KILL_EVIDENCE_WAIT_S = 45.0  # Ray marks a lost node dead after its health checks fail (about 15 s by default)
 
 
@@ -149,14 +150,14 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         if not head.lost:
             ending = (endings.STOPPED, str(exc) if isinstance(exc, KeyboardInterrupt) and str(exc) else "Ctrl-C")
             raise KeyboardInterrupt(ending[1]) from None
-        ending = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
+        ending = HEAD_LOST
         raise _cluster_lost(cfg, root) from None
     except ray.exceptions.RayActorError as exc:  # Ray Train's controller is gone: with the head, or on its own
         if head.answers():
             ending = (endings.DRIVER_FAILED, f"Ray Train's controller stopped ({root_cause(exc)[:200]})")
             raise TrainingFailed(f"training run '{cfg.run.name}' failed: Ray Train's controller stopped "
                                  f"({root_cause(exc)[:200]})") from exc
-        ending = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
+        ending = HEAD_LOST
         raise _cluster_lost(cfg, root) from exc
     except Exception as exc:  # Ray wraps worker errors; show the root cause in one line
         cause = root_cause(exc)

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from spotray.accounts import endings, goodput, ledger
@@ -126,8 +127,7 @@ class ProgressMonitor:
         evidence came), and one for how ``cur`` went on."""
         if {(prev.attempt_id, "ended"), (cur.attempt_id, "resumed")} <= self._announced:
             return
-        record = goodput.AttemptRecord(prev, prev_status, {}, ledger.attempt_finished(self.root, prev.attempt_id),
-                                       endings.read(self.root, prev.attempt_id))
+        record = replace(goodput.attempt_record(self.root, prev, steps=False, status=False), status=prev_status)
         event = goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
         trained = bool((cur_status or {}).get("first_step_at"))
         if (event.kind != endings.UNKNOWN or trained) and self._once(prev.attempt_id, "ended"):

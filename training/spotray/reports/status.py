@@ -70,7 +70,7 @@ def _snapshot(root: Location, now: float) -> dict:
     evals = _lineage_evals(attempts_root, records)
     return {
         "run": root.url,
-        **_latest(attempts_root, records, account, now),
+        **_latest(records, account, now),
         "val_loss": next((e["val_loss"] for e in reversed(evals) if e["val_loss"] is not None), None),
         "evals": [{"step": e["step"], "metrics": e["metrics"]} for e in evals],
         "best": _best(committed),
@@ -92,21 +92,20 @@ def _snapshot(root: Location, now: float) -> dict:
     }
 
 
-def _latest(attempts_root: Location, records: list[goodput.AttemptRecord], account: goodput.Account,
-            now: float) -> dict:
+def _latest(records: list[goodput.AttemptRecord], account: goodput.Account, now: float) -> dict:
     """The newest attempt: whether it trains, how far it got, and when it was last heard of."""
     if not records:
         return {"state": "stopped", "step": 0, "max_steps": None, "last_loss": None, "tokens_per_s": None,
                 "last_seen_s_ago": None, "error": None}
     latest = records[-1]
     kept = account.kept.get(latest.last_step)
-    return {"state": _state(attempts_root, latest, now), "step": latest.last_step,
+    return {"state": _state(latest, now), "step": latest.last_step,
             "max_steps": next((r.status["max_steps"] for r in reversed(records) if r.status), None),
             "last_loss": kept.loss if kept else None, "tokens_per_s": latest.status_of("tokens_per_s", None),
             "last_seen_s_ago": round(now - latest.last_seen, 1), "error": latest.status_of("error", None)}
 
 
-def _state(attempts_root: Location, latest: goodput.AttemptRecord, now: float) -> str:
+def _state(latest: goodput.AttemptRecord, now: float) -> str:
     ending = latest.ending
     if ending.kind == endings.FINISHED:
         return "finished"
