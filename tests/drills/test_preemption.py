@@ -169,7 +169,8 @@ def test_a_kill_costs_a_shipped_project_at_most_one_interval_and_its_package_sha
     """A user's project with packages named like spotray's folders, run from its own directory: the task that
     exists only there trains on 2 workers, a node is killed without notice a few steps past a checkpoint, and the
     run resumes bitwise from that checkpoint on the package each node unpacked, losing at most one interval; no
-    worker imports the task from anywhere else."""
+    worker imports the task from anywhere else. With ``max_failures=0``: a spot kill spends the preemption budget
+    (Ray Train alone would charge it to max_failures and end the run)."""
     def kill_after_a_few_more_steps(node):
         time.sleep(1.0)  # steps past the checkpoint, which the restart must recompute
         cluster.kill(node)
@@ -178,7 +179,7 @@ def test_a_kill_costs_a_shipped_project_at_most_one_interval_and_its_package_sha
     (tmp_path / "ckpt").mkdir()
     shipped = ("runtime.working_dir=.", "model.task=mytask:make_task")
     first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps, "kill",
-                                        *shipped, cwd=project)
+                                        *shipped, "fault_tolerance.max_failures=0", cwd=project)
     assert second_from % 20 == 0, "with no notice, the restart resumes from a periodic checkpoint"
     assert 0 <= first_last - second_from <= 20, f"lost {first_last - second_from} steps, more than one interval"
     assert [p.suffix for p in (tmp_path / "ckpt" / "drill" / "code").iterdir()] == [".zip"]  # one package, reused

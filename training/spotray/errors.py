@@ -60,3 +60,11 @@ class OutOfMemory(SpotrayError):  # noqa: N818 - read as "out of memory", like M
     """A rank ran out of host or device memory; says which rank and its memory figures."""
 
     exit_code = 1
+
+
+def root_cause(exc: BaseException) -> str:
+    """The last line of the innermost cause: what Ray's wrapped worker errors come down to."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else exc.__class__.__name__

@@ -3,7 +3,6 @@ continues the run without counting the pause as an interruption or as the run's 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -13,9 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ray.train.v2.api.exceptions import WorkerGroupError
 
-from spotray.accounts import endings, goodput, ledger
+from spotray.accounts import goodput, ledger
 from spotray.driver.launch import _stop_on_sigterm
 from spotray.storage import resolve
 from tests.console import assert_quiet_console
@@ -79,56 +77,3 @@ def test_a_scripts_summary_gives_the_interval_its_checkpoints_show_not_the_confi
     assert _cadence(script, kept) == 5
     assert _cadence(script, kept[:1]) is None  # one checkpoint shows no interval
     assert _cadence(config.load(None, ["checkpoint.every_steps=50", "data.path=/unused"]), kept) == 50
-
-
-class FakeFits:
-    """``_fit_through_storage_outages`` as Ray Train would end: each call an attempt; the first ``kills`` end by a
-    spot node's loss on record (Ray gives up: it charged them to max_failures), then one ends as ``last`` says."""
-
-    def __init__(self, attempts, kills: int, last: str = "done"):
-        self.attempts, self.kills, self.last, self.calls = attempts, kills, last, 0
-
-    def __call__(self, *args) -> bool:
-        self.calls += 1
-        attempt_id = f"{self.calls:03d}"
-        ledger.write_attempt(self.attempts, ledger.AttemptInfo(attempt_id, 0, 2, 4))
-        if self.calls <= self.kills:
-            endings.record(self.attempts, attempt_id, endings.KILL, "node n (spot) lost")
-            raise WorkerGroupError("connection reset by peer", {})
-        if self.last == "error":
-            self.attempts.child(attempt_id, goodput.STATUS_FILE).write_text(json.dumps(
-                {"error": "FloatingPointError: loss is nan", "entered_at": time.time(), "last_seen": time.time()}))
-            raise WorkerGroupError("loss is nan", {})
-        return False
-
-
-def fit_until_done(tmp_path, monkeypatch, fits_kills: int, last: str = "done", *overrides: str):
-    from spotray import config
-    from spotray.driver import launch
-
-    root = resolve(str(tmp_path / "run"))
-    fits = FakeFits(root.child("attempts"), fits_kills, last)
-    monkeypatch.setattr(launch, "_fit_through_storage_outages", fits)
-    monkeypatch.setattr(launch, "KILL_EVIDENCE_WAIT_S", 0.0)
-    cfg = config.load(None, ["data.path=/unused", *overrides])
-    console = io.StringIO()
-    launch._fit_until_done(cfg, cfg, None, root, console)
-    return fits, console.getvalue()
-
-
-def test_ray_giving_up_on_spot_kills_starts_the_workers_again_as_preemptions(tmp_path, monkeypatch):
-    """Ray Train charges a kill without notice to max_failures (3): the 4th would end the run; spotray goes on."""
-    fits, said = fit_until_done(tmp_path, monkeypatch, 5)
-    assert fits.calls == 6
-    assert said.count("spotray: the workers lost a spot node, which Ray Train counts against its failure budget: "
-                      "starting them again") == 5
-
-
-def test_an_error_ends_the_run_and_preemptions_keep_their_budget(tmp_path, monkeypatch):
-    from spotray.errors import TrainingFailed
-
-    with pytest.raises(WorkerGroupError, match="loss is nan"):
-        fit_until_done(tmp_path / "a", monkeypatch, 1, "error")
-    with pytest.raises(TrainingFailed, match="restarted 2 times after spot interruptions .* over "
-                                             "fault_tolerance.max_preemptions=1"):
-        fit_until_done(tmp_path / "b", monkeypatch, 3, "done", "fault_tolerance.max_preemptions=1")

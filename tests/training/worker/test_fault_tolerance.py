@@ -4,6 +4,7 @@ could not start in a storage outage starts again once storage answers."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -12,28 +13,16 @@ import torch
 
 from spotray.accounts import goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer, checkpoints_root, list_committed
+from spotray.config import FaultToleranceSection
 from spotray.driver import launch
-from spotray.driver.launch import failure_config
+from spotray.driver.failure_budget import FailureBudget
 from spotray.errors import StorageError, TrainingFailed
-from spotray.storage import Location, resolve
+from spotray.storage import Location, StorageOptions, resolve
 from spotray.worker import cadence
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.loop import _survive_preemption
 from spotray.worker.telemetry import RankZeroTelemetry
 from tests.training.configs import make_config
-
-
-@pytest.mark.parametrize(("failures", "preemptions"), [(0, -1), (-1, 0), (3, 7)])
-def test_failures_and_preemptions_have_separate_budgets(failures, preemptions):
-    cfg = make_config("/data", "/ckpt", "ft", f"fault_tolerance.max_failures={failures}",
-                      f"fault_tolerance.max_preemptions={preemptions}")
-    ray_config = failure_config(cfg)
-    assert (ray_config.max_failures, ray_config.max_preemption_failures) == (failures, preemptions)
-
-
-def test_spot_default_is_infinite_preemptions_and_a_few_real_failures():
-    ray_config = failure_config(make_config("/data", "/ckpt", "ft"))
-    assert ray_config.max_preemption_failures == -1 and ray_config.max_failures == 3
 
 
 def test_ray_train_polls_its_workers_and_the_drain_state_often_unless_the_operator_says_otherwise():
@@ -125,7 +114,19 @@ def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_befor
 def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_budget(dataset_url, tmp_path,
                                                                                       monkeypatch, budget):
     attempts_moved = iter([True, True, False])  # two attempts move on a notice, the third finishes
-    monkeypatch.setattr(launch, "_fit", lambda *_: next(attempts_moved))
+
+    def fit(cfg, runtime_env, root, budget):
+        attempts, moved = root.child("attempts"), next(attempts_moved)
+        attempt_id = f"{len(ledger.read_attempts(attempts)) + 1:03d}"
+        ledger.write_attempt(attempts, ledger.AttemptInfo(attempt_id, 0, 2, 4))
+        if moved:
+            now = time.time()
+            notice = {"step": 5, "at": now, "committed": True}
+            attempts.child(attempt_id, goodput.STATUS_FILE).write_text(json.dumps(
+                {"notice": notice, "moved_at": now, "entered_at": now, "last_seen": now}))
+        return moved
+
+    monkeypatch.setattr(launch, "_fit", fit)
     monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
     monkeypatch.setattr(launch, "summarize", lambda *_: {"finished": True})
     cfg = make_config(dataset_url, str(tmp_path), "moves", f"fault_tolerance.max_preemptions={budget}",
@@ -137,6 +138,9 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
             launch.run(cfg)
     else:
         assert launch.run(cfg) == {"finished": True}
+
+
+BUDGET = FailureBudget("/unused", StorageOptions(), FaultToleranceSection(), "outage", 0.0)  # _fit is the fake
 
 
 def _starts(monkeypatch, *outcomes) -> None:
@@ -168,7 +172,7 @@ def test_an_attempt_that_could_not_start_in_a_storage_outage_starts_again_once_s
     monkeypatch.setattr(Location, "reachable", lambda self: next(answers))
     _starts(monkeypatch, _controller_did_not_start(), True)
     cfg, console = make_config(str(tmp_path), str(tmp_path), "outage"), io.StringIO()
-    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console) is True
+    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console, BUDGET) is True
     assert console.getvalue().count("\n") == 1 and "the attempt did not start (OSError: When testing" in \
         console.getvalue() and "starting it again once storage answers" in console.getvalue()
 
@@ -182,11 +186,11 @@ def test_a_start_failing_again_with_storage_up_or_an_outage_past_the_budget_ends
     root = resolve(str(tmp_path))
     _starts(monkeypatch, _controller_did_not_start(), _controller_did_not_start())  # storage answers: once more
     with pytest.raises(TrainingFailed, match=r"failed: Ray Train's controller did not start \(OSError: When"):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)
     monkeypatch.setattr(Location, "reachable", lambda self: False)
     _starts(monkeypatch, _controller_did_not_start())
     with pytest.raises(StorageError, match=r"stayed unreachable for checkpoint.save_failure_budget_s=0s; run the"):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)
     _starts(monkeypatch, ray.exceptions.RayActorError(error_msg="the controller's node died"))  # not at its start
     with pytest.raises(ray.exceptions.RayActorError):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO())
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)

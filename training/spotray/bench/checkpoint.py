@@ -24,8 +24,7 @@ from spotray import config
 from spotray.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.drills.s3local import create_bucket, moto_server
-from spotray.driver.launch import root_cause
-from spotray.errors import SpotrayError
+from spotray.errors import SpotrayError, root_cause
 from spotray.ray_local import join_or_start
 from spotray.storage import resolve
 from spotray.worker.attempt import WorkerEnv, run_root

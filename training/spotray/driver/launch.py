@@ -22,7 +22,6 @@ from ray.train.torch import TorchConfig
 
 # What ray.train and ray.train.torch serve under Train V2, named where the checker can see them.
 from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
-from ray.train.v2.api.exceptions import TrainingFailedError
 from ray.train.v2.torch.torch_trainer import TorchTrainer
 
 from spotray.accounts import cost, endings, goodput, ledger
@@ -31,12 +30,13 @@ from spotray.accounts.prices import price_book, read_prices_file
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
+from spotray.driver.failure_budget import FailureBudget, charges, verdict
 from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
-from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed
+from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 # end, failure and notice (a 10-step run took 33 s against 27.5 s at these). Each poll is one small call per worker.
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
-KILL_EVIDENCE_WAIT_S = 45.0  # Ray marks a lost node dead after its health checks fail (about 15 s by default)
 
 
 def ray_train_fn(config: dict) -> None:
@@ -96,10 +95,9 @@ def _preemption_deadline() -> float | None:
     return info.deadline_ms / 1000 if info.deadline_ms else time.time() + SPOT_NOTICE_S
 
 
-def failure_config(cfg: TrainConfig) -> FailureConfig:
-    """Real failures and preemptions draw on separate budgets (-1 infinite, 0 off, n at least n recoveries)."""
-    return FailureConfig(max_failures=cfg.fault_tolerance.max_failures,
-                         max_preemption_failures=cfg.fault_tolerance.max_preemptions)
+def failure_config() -> FailureConfig:
+    """Ray Train retries every failure: spotray's ``FailureBudget`` ends the run when its budgets are spent."""
+    return FailureConfig(max_failures=-1, max_preemption_failures=-1)
 
 
 def preflight(cfg: TrainConfig) -> Task | None:
@@ -175,51 +173,14 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
-    """``_fit`` until the run is done, started again after an attempt that moved on a notice (on the other
-    capacity), and after Ray Train gave up on a failure that the evidence says was a spot node lost without notice:
-    Ray charges such a kill to ``max_failures`` (only a node that Ray drained as preempted counts as a preemption),
-    spotray to ``max_preemptions``, as for every spot interruption. Errors stay within ``max_failures``."""
-    attempts, started, restarts = root.child("attempts"), time.time(), 0
-    while True:
-        try:
-            if not _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console):
-                return
-            why = "moved on a preemption notice"
-        except TrainingFailedError:
-            if not _ended_by_spot_kill(attempts) or _errors_over_budget(cfg, attempts, started):
-                raise
-            why = "lost a spot node, which Ray Train counts against its failure budget"
-            (console or sys.stderr).write(f"spotray: the workers {why}: starting them again (spotray counts it "
-                                          "against fault_tolerance.max_preemptions)\n")
-        restarts += 1
-        budget = cfg.fault_tolerance.max_preemptions
-        if 0 <= budget < restarts:
-            raise TrainingFailed(f"training run '{cfg.run.name}' restarted {restarts} times after spot "
-                                 f"interruptions (the last: it {why}), over fault_tolerance.max_preemptions={budget}; "
-                                 "raise it (-1: no limit) and run the same command again to resume")
-
-
-def _ended_by_spot_kill(attempts: Location) -> bool:
-    """Whether the newest attempt ended by a spot node's loss. Its own error says no at once; the node watch's record
-    of a lost node may come after Ray gave up (Ray marks a node dead once its health checks fail), so it is waited
-    for, up to ``KILL_EVIDENCE_WAIT_S``."""
-    newest = ledger.read_attempts(attempts)[-1:]
-    deadline = time.monotonic() + KILL_EVIDENCE_WAIT_S
-    while newest:
-        ending = goodput.attempt_record(attempts, newest[0], steps=False).ending
-        if ending.kind != endings.UNKNOWN:
-            return ending.kind == endings.KILL
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1.0)
-    return False
-
-
-def _errors_over_budget(cfg: TrainConfig, attempts: Location, since: float) -> bool:
-    """This driver's attempts that ended otherwise than by a spot interruption, over ``max_failures``."""
-    budget = cfg.fault_tolerance.max_failures
-    mine = [info for info in ledger.read_attempts(attempts) if info.started_at >= since][:-1]  # but the newest
-    return 0 <= budget < sum(1 for info in mine if not goodput.attempt_record(attempts, info, steps=False).ending.spot)
+    """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
+    other capacity). Within a fit, Ray Train restarts the workers and ``FailureBudget`` keeps the budgets."""
+    attempts = root.child("attempts")
+    budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
+    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget):
+        why = verdict(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0), "")
+        if why:
+            raise TrainingFailed(why)
 
 
 def _newest_attempt(attempts: Location) -> str | None:
@@ -259,7 +220,7 @@ def _cluster_lost(cfg: TrainConfig, root: Location) -> ClusterLost:
 
 
 def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None,
-                                 root: Location, console: TextIO | None) -> bool:
+                                 root: Location, console: TextIO | None, budget: FailureBudget) -> bool:
     """``_fit``, started again when Ray Train's controller failed to start: it writes a marker in storage as it
     starts, so an outage would otherwise end the run. Started once more at once (the outage may be over already),
     then again whenever storage answers, within checkpoint.save_failure_budget_s as for saves."""
@@ -268,7 +229,7 @@ def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, run
     failed_with_storage_up = False
     while True:
         try:
-            return _fit(workers_cfg, runtime_env, root)
+            return _fit(workers_cfg, runtime_env, root, budget)
         except ray.exceptions.RayActorError as exc:
             if not exc.actor_init_failed:
                 raise
@@ -303,7 +264,7 @@ def log_location(cfg: TrainConfig) -> Location:
     return run_root(with_absolute_paths(cfg)).child("logs", time.strftime("train-%Y%m%d-%H%M%S.log"))
 
 
-def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
+def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> bool:
     """One Ray Train run of the loop (``cfg`` as the workers get it); True where its last attempt ended to move on
     a preemption notice."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
@@ -322,7 +283,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location) -> bool:
             name=cfg.run.name,
             storage_path=storage.path,
             storage_filesystem=storage.fs,
-            failure_config=failure_config(cfg),
+            failure_config=failure_config(),
+            callbacks=[budget],  # type: ignore[list-item]  # Ray runs a ControllerCallback given here too
             worker_runtime_env=runtime_env,
         ),
     )
@@ -437,10 +399,3 @@ def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
 def leave_ray() -> None:
     """Disconnects from Ray, stopping the local Ray this process started."""
     ray.shutdown()
-
-
-def root_cause(exc: BaseException) -> str:
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else exc.__class__.__name__
