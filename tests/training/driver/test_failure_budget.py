@@ -10,7 +10,7 @@ import time
 
 import pytest
 from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
-from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
+from ray.train.v2.api.exceptions import WorkerGroupError
 
 from spotray import config
 from spotray.accounts import endings, goodput, ledger
@@ -59,10 +59,9 @@ def test_errors_and_unexplained_endings_spend_it_and_the_user_sees_the_last_erro
     budget.after_controller_state_update(RunningState(), FAILED)
     attempt_ends(attempts, endings.NODE_LOST)  # a node that is not spot
     budget.after_controller_state_update(RunningState(), FAILED)
-    with pytest.raises(ControllerError) as raised:  # the 3rd: a group that failed before its attempt recorded itself
+    with pytest.raises(BudgetSpent) as raised:  # the 3rd: a group that failed before its attempt recorded itself
         budget.after_controller_state_update(RunningState(), FAILED)
-    assert isinstance(raised.value.controller_failure, BudgetSpent)
-    assert str(raised.value).splitlines()[-1] == "FloatingPointError: loss is nan"
+    assert str(raised.value) == "FloatingPointError: loss is nan"  # Ray Train ends the run with it
 
 
 def test_spot_interruptions_spend_max_preemptions(tmp_path):
@@ -70,7 +69,7 @@ def test_spot_interruptions_spend_max_preemptions(tmp_path):
     attempt_ends(attempts, endings.NOTICE)
     budget.after_controller_state_update(RunningState(), FAILED)
     attempt_ends(attempts, endings.KILL)
-    with pytest.raises(ControllerError, match=r"restarted 2 times after spot interruptions \(the last: it lost a "
+    with pytest.raises(BudgetSpent, match=r"restarted 2 times after spot interruptions \(the last: it lost a "
                                               r"spot node\), over fault_tolerance.max_preemptions=1; raise it"):
         budget.after_controller_state_update(RunningState(), FAILED)
 
@@ -92,7 +91,7 @@ def test_a_kills_evidence_is_waited_for_where_it_decides(tmp_path, monkeypatch):
 
     monkeypatch.setattr(failure_budget, "KILL_EVIDENCE_WAIT_S", 0.0)
     attempt_ends(attempts, None)  # no evidence ever: unknown is not an interruption
-    with pytest.raises(ControllerError, match="loss is nan"):
+    with pytest.raises(BudgetSpent, match="loss is nan"):
         budget.after_controller_state_update(RunningState(), FAILED)
 
 
@@ -104,3 +103,12 @@ def test_an_ending_that_cannot_decide_is_not_waited_for(tmp_path, monkeypatch):
     attempt_ends(attempts, None)
     budget.after_controller_state_update(RunningState(), FAILED)
     assert sleeps == []
+
+
+def test_an_unreadable_ledger_charges_the_failure_budget(tmp_path):
+    (tmp_path / "attempts").write_text("not a folder")
+    budget, _ = budget_for(tmp_path, "fault_tolerance.max_failures=1")
+    budget.after_controller_state_update(RunningState(), FAILED)
+    with pytest.raises(BudgetSpent, match=r"^FloatingPointError: loss is nan \(and the run's ledger could not be "
+                                          r"read: "):
+        budget.after_controller_state_update(RunningState(), FAILED)

@@ -8,16 +8,16 @@ The restart itself stays Ray's, as fast as for any other failure."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
 from ray.train.v2._internal.execution.callback import ControllerCallback
 from ray.train.v2._internal.execution.controller.state import RestartingState
-from ray.train.v2.api.exceptions import ControllerError
 
 from spotray.accounts import endings, goodput, ledger
 from spotray.config import FaultToleranceSection
-from spotray.errors import root_cause
+from spotray.errors import SpotrayError, root_cause
 from spotray.storage import Location, StorageOptions, resolve
 
 KILL_EVIDENCE_WAIT_S = 45.0  # Ray marks a lost node dead after its health checks fail (about 15 s by default)
@@ -45,15 +45,19 @@ def charges(attempts: Location, since: float, unrecorded: int) -> Charges:
 
 
 def verdict(budgets: FaultToleranceSection, run_name: str, counted: Charges, cause: str) -> str | None:
-    """Why the run must end (the line the user sees), or None while both budgets hold."""
+    """Why the run must end (the line the user sees: ``cause``, the failure's own), or None while both budgets hold."""
     if 0 <= budgets.max_failures < counted.failures:
         return cause
-    if 0 <= budgets.max_preemptions < counted.spot:
-        how = SPOT_VERBS.get(counted.last.kind, "was interrupted") if counted.last else "was interrupted"
-        return (f"training run '{run_name}' restarted {counted.spot} times after spot interruptions (the last: it "
-                f"{how}), over fault_tolerance.max_preemptions={budgets.max_preemptions}; raise it (-1: no limit) "
-                "and run the same command again to resume")
-    return None
+    return preemptions_spent(budgets, run_name, counted)
+
+
+def preemptions_spent(budgets: FaultToleranceSection, run_name: str, counted: Charges) -> str | None:
+    if not 0 <= budgets.max_preemptions < counted.spot:
+        return None
+    how = SPOT_VERBS.get(counted.last.kind, "was interrupted") if counted.last else "was interrupted"
+    return (f"training run '{run_name}' restarted {counted.spot} times after spot interruptions (the last: it {how}), "
+            f"over fault_tolerance.max_preemptions={budgets.max_preemptions}; raise it (-1: no limit) and run the "
+            "same command again to resume")
 
 
 class FailureBudget(ControllerCallback):
@@ -67,18 +71,29 @@ class FailureBudget(ControllerCallback):
         self._unrecorded = 0
 
     def after_controller_start(self, train_run_context) -> None:
-        self._newest = self._newest_id()
+        with contextlib.suppress(SpotrayError, OSError):  # unreadable: the first failure is then judged as recorded
+            self._newest = self._newest_id()
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
+        """Ray Train wraps what this raises in a ``ControllerError``, which it never retries."""
         if not isinstance(current_state, RestartingState):
             return
+        cause = root_cause(current_state.training_failed_error)
+        try:
+            why = self._charge(cause)
+        except (SpotrayError, OSError) as exc:  # the ledger is unreadable: a failure, as Ray alone would count it
+            self._unrecorded += 1
+            why = verdict(self.budgets, self.run_name, Charges(self._unrecorded, 0, None),
+                          f"{cause} (and the run's ledger could not be read: {root_cause(exc)})")
+        if why:
+            raise BudgetSpent(why)
+
+    def _charge(self, cause: str) -> str | None:
         newest = self._newest_id()
         if newest == self._newest:  # the group failed before its attempt recorded itself
             self._unrecorded += 1
         self._newest = newest
-        why = self.judge(root_cause(current_state.training_failed_error))
-        if why:
-            raise ControllerError(BudgetSpent(why))
+        return self.judge(cause)
 
     def judge(self, cause: str) -> str | None:
         """The verdict on the newest attempt; where its ending is not on record yet and decides the verdict (a lost

@@ -30,7 +30,7 @@ from spotray.accounts.prices import price_book, read_prices_file
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
 from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
-from spotray.driver.failure_budget import FailureBudget, charges, verdict
+from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent
 from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
@@ -178,7 +178,7 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
     while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget):
-        why = verdict(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0), "")
+        why = preemptions_spent(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0))
         if why:
             raise TrainingFailed(why)
 
