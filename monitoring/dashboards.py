@@ -95,8 +95,12 @@ def training_dashboard() -> Dashboard:
                                  ("save {{run}}", _by_run("checkpoint_save_seconds")),
                                  ("blocked {{run}}", _by_run("checkpoint_blocking_seconds")),
                                  ("restore {{run}}", _by_run("checkpoint_restore_seconds"))))
-             .with_panel(_series("Newest committed checkpoint (step)", "none",
-                                 ("{{run}}", _by_run("checkpoint_step"))))
+             .with_panel(_series("Newest committed checkpoint and in-memory snapshot (step)", "none",
+                                 ("checkpoint {{run}}", _by_run("checkpoint_step")),
+                                 ("snapshot {{run}}", _by_run("snapshot_step"))))
+             .with_panel(_series("In-memory snapshots: the most a node holds, the least it may", "bytes",
+                                 ("held {{run}}", _by_run("snapshot_bytes")),
+                                 ("may hold {{run}}", _by_run("snapshot_capacity_bytes"))))
              .with_panel(_series("Age of the newest committed checkpoint", "s", (
                  "{{run}}", f"time() - {_by_run('last_checkpoint_timestamp_seconds')}")))
              .with_panel(_series("Failed checkpoint saves (storage outages)", "none",

@@ -31,8 +31,8 @@ PACKAGES_ROOT = Path(*tomllib.loads((REPO / "pyproject.toml").read_text())["tool
 # package's root, its own package and the packages before it. The rest of the root (cli, demo, export, hf) and the
 # packages of commands, drills and examples, TOP_PACKAGES, may import any of them; none of them imports those.
 SPOTRAY_BASE = ("config", "errors", "storage", "renames", "formats", "ray_local")
-SPOTRAY_PACKAGES = ("accounts", "checkpoints", "data", "tasks", "tracking", "step", "worker", "reports", "planning",
-                    "driver")
+SPOTRAY_PACKAGES = ("accounts", "checkpoints", "snapshots", "data", "tasks", "tracking", "step", "worker", "reports",
+                    "planning", "driver")
 TOP_PACKAGES = ("bench", "drills", "examples", "configs")
 
 

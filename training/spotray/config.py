@@ -191,6 +191,31 @@ class CheckpointSection:
 
 
 @dataclass(frozen=True)
+class SnapshotSection:
+    """In-memory snapshots of the training state on the run's nodes, between checkpoints (spotray.snapshots): a
+    kill then costs the steps since the last snapshot, read back from a surviving node instead of storage."""
+
+    every_steps: int | str = 0  # 0: off; a count; or auto: as often as keeps their cost under 2 % of step time
+    max_gb_per_node: float | None = None  # None: half of what the node's memory (its pod's limit) has room for
+
+    def __post_init__(self):
+        every = self.every_steps
+        _require(every == AUTO or isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+                 "snapshot.every_steps", f"must be a number of steps, auto or 0 (off), got {every!r}",
+                 "auto keeps their cost under 2 % of the step time")
+        _require(self.max_gb_per_node is None or self.max_gb_per_node > 0, "snapshot.max_gb_per_node",
+                 f"must be positive, got {self.max_gb_per_node}", "leave it unset for half of the node's free memory")
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps != 0
+
+    @property
+    def max_bytes(self) -> int | None:
+        return None if self.max_gb_per_node is None else int(self.max_gb_per_node * 1e9)
+
+
+@dataclass(frozen=True)
 class EvalSection:
     """Validation loss during training: every ``every_steps`` (unset: off, unless checkpoint.keep_best), and at the
     end, on the same ``samples`` of the validation set each time."""
@@ -422,6 +447,7 @@ class TrainConfig:
     parallel: str = "ddp"
     scaling: ScalingSection = field(default_factory=ScalingSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    snapshot: SnapshotSection = field(default_factory=SnapshotSection)
     storage: StorageSection = field(default_factory=StorageSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)
     env: EnvSection = field(default_factory=EnvSection)

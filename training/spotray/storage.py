@@ -87,6 +87,12 @@ class Location:
         return self.url.startswith("s3://")
 
     @property
+    def is_local(self) -> bool:
+        """A local file system; any other (S3, the snapshot holders' memory) is an object store without
+        directories, where an object appears whole when its stream is closed."""
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
     def name(self) -> str:
         return posixpath.basename(self.path.rstrip("/"))
 
@@ -137,7 +143,7 @@ class Location:
         """The whole object as a writable buffer, without an up-front copy where possible: a private (copy-on-write)
         memory map of a local file, whose pages come from the page cache as they are touched; one GET on S3."""
         with self._guard("read"):
-            if self.is_s3:
+            if not self.is_local:
                 with self.fs.open_input_file(self.path) as f:
                     buffer = bytearray(f.size())
                     if f.readinto(buffer) != len(buffer):
@@ -167,7 +173,7 @@ class Location:
         """A write stream; on S3 the object appears only when the stream is closed, locally it is fsynced then."""
         with self._guard("write"):
             self._make_parent()
-            if self.is_s3:
+            if not self.is_local:
                 return self.fs.open_output_stream(self.path)
             return _DurableFile(self.path)
 
@@ -175,7 +181,7 @@ class Location:
         """Write atomically: readers see the old object or the whole new one, never a part."""
         with self._guard("write"):
             self._make_parent()
-            if self.is_s3:
+            if not self.is_local:
                 with self.fs.open_output_stream(self.path) as f:
                     f.write(data)
                 return
@@ -193,7 +199,7 @@ class Location:
         """Copy a local file here, streaming (never whole in memory); readers never see a part of it."""
         with self._guard("write"):
             self._make_parent()
-            if self.is_s3:
+            if not self.is_local:
                 pafs.copy_files(local_path, self.path, source_filesystem=_local_filesystem(),
                                 destination_filesystem=self.fs)
                 return
@@ -224,9 +230,12 @@ class Location:
         server-side, then deleted. ``last`` names the file that says the directory is whole: it is copied after
         the others and deleted before them, so that a move cut short leaves a whole directory on one side."""
         with self._guard("move"):
-            if not self.is_s3:
+            if self.is_local:
                 os.makedirs(posixpath.dirname(dest.path), exist_ok=True)
                 os.rename(self.path, dest.path)
+                return
+            if not self.is_s3:  # a store whose own move is whole (the snapshot holders')
+                self.fs.move(self.path, dest.path)
                 return
             infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True))
             names = sorted((posixpath.relpath(i.path, self.path) for i in infos if i.type == pafs.FileType.File),
@@ -251,7 +260,7 @@ class Location:
         client.copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key)
 
     def make_dirs(self) -> None:
-        if not self.is_s3:  # S3 has no directories
+        if self.is_local:  # object stores have no directories
             with self._guard("create"):
                 self.fs.create_dir(self.path, recursive=True)
 
@@ -261,7 +270,7 @@ class Location:
                 self.fs.delete_file(self.path)
 
     def _make_parent(self) -> None:
-        if not self.is_s3:
+        if self.is_local:
             self.fs.create_dir(posixpath.dirname(self.path), recursive=True)
 
     def _info(self) -> pafs.FileInfo:

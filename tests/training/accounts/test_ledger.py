@@ -37,3 +37,30 @@ def test_a_sample_trained_twice_in_an_epoch_or_a_step_not_recorded_fails(tmp_pat
     root = audit_root(tmp_path, (0, [[0, 2, 4], [1, 3, 5]]), (2, second_attempt))
     result = ledger.verify_exactly_once(root, NUM_SAMPLES, final_step=5)
     assert not result.exactly_once and (result.duplicates, result.missing_steps) == (duplicates, missing)
+
+
+def test_records_written_through_a_mark_do_not_wait_for_those_put_after_it(tmp_path, monkeypatch):
+    """A snapshot waits for the records of its steps; records keep coming meanwhile, and one slow write of a later
+    record must not hold it up (``flush`` would)."""
+    import threading
+
+    release = threading.Event()
+    write_text = Location.write_text
+
+    def slow_for_later(self, text):
+        if self.name == "later.json":
+            release.wait(30)
+        write_text(self, text)
+
+    monkeypatch.setattr(Location, "write_text", slow_for_later)
+    writer = ledger.RecordWriter()
+    mine = resolve(str(tmp_path / "mine.json"))
+    writer.put(mine, "1")
+    mark = writer.mark()
+    writer.put(resolve(str(tmp_path / "later.json")), "x")  # its write hangs
+    assert writer.written_through(mark, timeout_s=10) and mine.read_text() == "1"
+    assert not writer.flush(timeout_s=0.5)
+    writer.put(mine, "2")  # queued behind the hanging write
+    assert not writer.written_through(writer.mark(), timeout_s=0.5)
+    release.set()
+    assert writer.written_through(writer.mark(), timeout_s=10) and mine.read_text() == "2"

@@ -153,6 +153,21 @@ def test_a_ledger_from_before_endings_reads_unknown_and_says_so_once(run, capsys
     assert text.count("predates recorded endings") == 1, text
 
 
+def test_the_newest_attempts_snapshot_is_shown_with_what_its_nodes_hold(run, capsys):
+    assert main(["status", run.url]) == 0
+    assert "snapshots" not in capsys.readouterr().out  # a run that took none
+    attempts = ledger.attempts_root(run)
+    c = goodput.read_status(attempts, "c")
+    assert c is not None
+    snapshot = {"step": 88, "nodes": {"n1": {"bytes": 3 << 20, "cap": 5 << 30}, "n2": {"bytes": 1 << 20,
+                                                                                    "cap": 4 << 30}}}
+    attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps({**c, "snapshot": snapshot}))
+    assert status_json(run.url, capsys=capsys)["snapshot"] == snapshot
+    assert main(["status", run.url]) == 0
+    assert ("snapshots    step 88 in memory on 2 nodes, up to 3.0 MiB on one (each may hold 4.0 GiB)"
+            in capsys.readouterr().out)
+
+
 def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     attempts = ledger.attempts_root(run)
     goodput_status = goodput.read_status(attempts, "c")

@@ -11,8 +11,10 @@ from spotray.drills.process_group import run_on_process_group
 from spotray.worker.cadence import (
     CHECK_EVERY_S,
     UNMEASURED_EVERY_STEPS,
+    UNMEASURED_SNAPSHOT_STEPS,
     CheckpointInterval,
     PreemptionChecks,
+    SnapshotInterval,
     interval_steps,
     young_daly_s,
 )
@@ -44,6 +46,18 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
     assert [s for s in range(31, 101) if interval.due(s)] == [50, 75, 100]
     interval.checkpointed(50, 100.0, 100.0, 0.001)
     assert interval.steps == 25
+
+
+def test_snapshots_under_auto_keep_their_blocking_time_under_two_percent_and_never_overlap():
+    interval = SnapshotInterval("auto", start_step=100)
+    assert [s for s in range(101, 125) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 125))
+    interval.taken(110, blocking_s=0.01, whole_s=0.05, step_s=0.1)  # 0.01 / 0.02 = 0.5 s of steps: 5 steps
+    assert interval.steps == 5 and not interval.due(114) and interval.due(115)
+    interval.taken(115, blocking_s=0.001, whole_s=0.9, step_s=0.1)  # the upload takes 9 steps
+    assert interval.steps == 9
+    fixed = SnapshotInterval(4, start_step=0)
+    fixed.taken(4, blocking_s=1.0, whole_s=1.0, step_s=0.001)
+    assert [s for s in range(1, 13) if fixed.due(s)] == [4, 8, 12]
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):

@@ -65,7 +65,7 @@ def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster,
               "prices": {"g5.xlarge": {"spot": 0.45, "on-demand": 1.006}}}
     cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "metrics", "train.max_steps=400", "train.log_every=5",
                       "checkpoint.every_steps=100", "eval.every_steps=50", f"data.val_path={dataset_url}",
-                      cost=priced)
+                      "snapshot.every_steps=20", cost=priced)
     run = threading.Thread(target=launch.run, args=(cfg,), daemon=True)
     run.start()
     seen: set[str] = set()

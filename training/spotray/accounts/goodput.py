@@ -15,8 +15,11 @@ from spotray.accounts import endings, ledger
 from spotray.storage import Location
 
 STATUS_FILE = "status.json"
-# eval: validation passes, in the wall time but neither productive nor wasted
-CATEGORIES = ("productive", "startup", "restore", "checkpoint_save", "eval", "wasted", "waiting", "other")
+# eval: validation passes, in the wall time but neither productive nor wasted; snapshot_*: in-memory snapshots
+CATEGORIES = ("productive", "startup", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save", "eval",
+              "wasted", "waiting", "other")
+SNAPSHOT_CATEGORIES = ("snapshot_restore", "snapshot_save")  # shown where the run took snapshots
+CLOCKED = ("startup", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save", "eval")  # by each attempt
 
 
 class AttemptClock:
@@ -26,8 +29,8 @@ class AttemptClock:
                  writer: ledger.RecordWriter, log_every: int = 1):
         self.location, self.writer = ledger.attempt_file(root, attempt_id, STATUS_FILE), writer
         self.status: dict = {
-            "entered_at": entered_at, "startup_s": 0.0, "restore_s": 0.0, "checkpoint_save_s": 0.0, "eval_s": 0.0,
-            "drain_wait_s": 0.0, "first_step_at": None, "last_seen": entered_at, "notice": None, "moved_at": None,
+            "entered_at": entered_at, **{f"{category}_s": 0.0 for category in CLOCKED}, "drain_wait_s": 0.0,
+            "first_step_at": None, "last_seen": entered_at, "notice": None, "moved_at": None,
             "error": None, "step": None, "max_steps": max_steps, "log_every": log_every, "loss": None,
             "tokens_per_s": None, "goodput": None, "val_loss": None, "val_step": None,
             "failed_saves": 0,
@@ -182,10 +185,8 @@ def account_of(attempts: list[AttemptRecord], run_started_at: float | None) -> A
                             if step not in kept or kept[step].attempt_id != a.info.attempt_id)
     seconds["startup"] = attempts[0].entered_at - started
     for a in attempts:
-        seconds["startup"] += a.status_of("startup_s")
-        seconds["restore"] += a.status_of("restore_s")
-        seconds["checkpoint_save"] += a.status_of("checkpoint_save_s")
-        seconds["eval"] += a.status_of("eval_s")
+        for category in CLOCKED:
+            seconds[category] += a.status_of(f"{category}_s")
         seconds["waiting"] += a.status_of("drain_wait_s")
     events = [interruption(prev, cur) for prev, cur in zip(attempts, attempts[1:], strict=False)]
     paused = 0.0

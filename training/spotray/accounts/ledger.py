@@ -61,7 +61,10 @@ class RecordWriter:
     record wins, so it catches up by itself."""
 
     def __init__(self):
-        self._pending: dict[str, tuple[Location, str]] = {}
+        self._pending: dict[str, tuple[Location, str, int]] = {}
+        self._put: dict[str, int] = {}  # each record's newest version, by a sequence number of the puts
+        self._written: dict[str, int] = {}  # each record's newest version written
+        self._sequence = 0
         self._cond = threading.Condition()
         self._busy = self._closed = self._running = False
         self.failing = False
@@ -70,7 +73,9 @@ class RecordWriter:
 
     def put(self, location: Location, text: str) -> None:
         with self._cond:
-            self._pending[location.url] = (location, text)
+            self._sequence += 1
+            self._pending[location.url] = (location, text, self._sequence)
+            self._put[location.url] = self._sequence
             self._closed = False  # a record after close (a failure recorded late) is written all the same
             if not self._running:
                 self._start()
@@ -90,6 +95,23 @@ class RecordWriter:
                     return False
                 self._cond.wait(remaining)
             return not (self._pending or self._busy)
+
+    def mark(self) -> dict[str, int]:
+        """What has been put so far, for ``written_through``."""
+        with self._cond:
+            return dict(self._put)
+
+    def written_through(self, mark: dict[str, int], timeout_s: float) -> bool:
+        """Wait until every record as of ``mark`` (or a newer version of it) is written, however many are put
+        meanwhile; gives up at once while storage is failing."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while any(self._written.get(url, 0) < seq for url, seq in mark.items()) and not self.failing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return all(self._written.get(url, 0) >= seq for url, seq in mark.items())
 
     def close(self, timeout_s: float) -> None:
         """Everything written within ``timeout_s``, through an outage, and the thread ended; or a StorageError (the
@@ -115,15 +137,18 @@ class RecordWriter:
                         return
                     self._cond.wait()
                 url = next(iter(self._pending))
-                location, text = self._pending.pop(url)
+                location, text, sequence = self._pending.pop(url)
                 self._busy = True
             try:
                 location.write_text(text)
             except StorageError as exc:
-                self._failed(url, location, text, exc)
+                self._failed(url, location, text, sequence, exc)
                 time.sleep(backoff)
                 backoff = min(2 * backoff, 30.0)
                 continue
+            else:
+                with self._cond:
+                    self._written[url] = max(self._written.get(url, 0), sequence)
             finally:
                 with self._cond:
                     self._busy = False
@@ -132,9 +157,9 @@ class RecordWriter:
                 log.warning("storage is reachable again: records caught up")
             self.failing, backoff = False, 0.5
 
-    def _failed(self, url: str, location: Location, text: str, exc: StorageError) -> None:
+    def _failed(self, url: str, location: Location, text: str, sequence: int, exc: StorageError) -> None:
         with self._cond:
-            self._pending.setdefault(url, (location, text))  # a newer version put meanwhile wins
+            self._pending.setdefault(url, (location, text, sequence))  # a newer version put meanwhile wins
             if not self.failing:
                 log.warning("cannot write %s (%s); training goes on and the records catch up later", location.url,
                             str(exc).splitlines()[0][:200])

@@ -65,7 +65,7 @@ SET_ASIDE_RECORD = "SET_ASIDE.json"
 _FORMAT = "spotray-checkpoint"
 FILES_FORMAT = "spotray-files"  # a user script's own files (``spotray.commit``): restored by the script, not by DCP
 _DATA_SUFFIX = ".distcp"
-_METADATA = ".metadata"
+METADATA = ".metadata"
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,15 @@ class _CommittingWriter(_FileSystemWriter):
 
     fs: _DcpFileSystem  # type: ignore[assignment]  # torch infers FileSystem; DCP takes any FileSystemBase
 
-    def __init__(self, location: Location, marker: dict, on_commit, refused: str | None = None):
-        """``refused``: why this save must not write (rank 0's reason; DCP fails the save on every rank)."""
+    def __init__(self, location: Location, marker: dict, on_commit, refused: str | None = None,
+                 before_write: Callable[[], None] | None = None):
+        """``refused``: why this save must not write (rank 0's reason; DCP fails the save on every rank).
+        ``before_write``: runs on each rank before it writes (in the background for an async save); what it raises
+        fails the save."""
         super().__init__(location.path, sync_files=False, overwrite=True)
         self.fs = _DcpFileSystem(location)
         self.location, self.marker, self.on_commit, self.refused = location, marker, on_commit, refused
+        self.before_write = before_write
 
     def prepare_local_plan(self, plan):
         if self.refused:
@@ -208,6 +212,8 @@ class _CommittingWriter(_FileSystemWriter):
         return super().prepare_local_plan(plan)
 
     def write_data(self, plan, planner) -> torch.futures.Future:
+        if self.before_write is not None:
+            self.before_write()
         file_name = f"{plan.storage_data.prefix}0{_DATA_SUFFIX}"
         results, offset = [], 0
         with self.location.child(file_name).open_output() as stream:
@@ -228,8 +234,8 @@ class _CommittingWriter(_FileSystemWriter):
         metadata.storage_data = {r.index: r.storage_data for rank_results in results for r in rank_results}
         metadata.storage_meta = self.storage_meta()
         pickled = pickle.dumps(metadata)
-        self.location.child(_METADATA).write_bytes(pickled)
-        files = {_METADATA: {"size": len(pickled), "crc32": zlib.crc32(pickled)}}
+        self.location.child(METADATA).write_bytes(pickled)
+        files = {METADATA: {"size": len(pickled), "crc32": zlib.crc32(pickled)}}
         for result in (r for rank_results in results for r in rank_results):
             info = result.storage_data
             entry = files.setdefault(info.relative_path, {"size": 0})
@@ -257,7 +263,7 @@ class _RawReader(FileSystemReader):
     def read_metadata(self, *args, **kwargs) -> Metadata:
         """DCP's, reading the one ``.metadata`` this writer leaves, with the module names of older releases."""
         try:
-            with self.fs.create_stream(self.fs.concat_path(self.path, _METADATA), "rb") as stream:
+            with self.fs.create_stream(self.fs.concat_path(self.path, METADATA), "rb") as stream:
                 metadata = _MetadataUnpickler(stream).load()
         except SpotrayError as exc:
             self.metadata_error = self.metadata_error or exc
@@ -355,6 +361,7 @@ class Checkpointer:
         self._stager = _persistent_stager() if async_save else None
         self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
         self.last_committed: CommittedCheckpoint | None = None
+        self.before_write: Callable[[], None] | None = None  # see _CommittingWriter
 
     def agree(self, value):
         """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens."""
@@ -383,7 +390,8 @@ class Checkpointer:
         self.failures.saving()
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
-        writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step), refused=untidy)
+        writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step), refused=untidy,
+                                   before_write=self.before_write)
         started = time.monotonic()
         try:
             if self.async_save and not blocking:
@@ -443,13 +451,12 @@ class Checkpointer:
         return self.last_committed
 
     def _failed(self, step: int, exc: BaseException) -> None:
-        if self.rank == 0:  # the coordinator, which alone commits and deletes
-            self._failed_folders.append(self.root.child(_step_dir_name(step)))
+        self._discard(step)
         budget = self.failures
         now = time.time()
         budget.failed(step, now)
         failing_for = _broadcast(budget.seconds_failing(now), self._group)  # rank 0's clock decides for all
-        reason = _first_line(exc)
+        reason = first_line(exc)
         if budget.exhausted(failing_for):
             raise CheckpointError(
                 f"checkpoint saves have failed for {failing_for:.0f}s ({budget.in_a_row} in a row, last at step "
@@ -459,6 +466,11 @@ class Checkpointer:
             log.warning("checkpoint of step %d failed (%s); training continues, next try at step %d "
                         "(%d failed in a row over %.0fs, budget %gs); nothing partial is ever resumed from", step,
                         reason, budget.retry_at, budget.in_a_row, failing_for, budget.budget_s)
+
+    def _discard(self, step: int) -> None:
+        """What the failed save of ``step`` wrote goes before the next save writes."""
+        if self.rank == 0:  # the coordinator, which alone commits and deletes
+            self._failed_folders.append(self.root.child(_step_dir_name(step)))
 
     def schedule_retention(self, committed_step: int) -> None:
         """Deleting old checkpoints runs after the commit, in the background; the next save waits for it (it has
@@ -484,7 +496,7 @@ class Checkpointer:
                 folder.delete_tree()
                 self._failed_folders.remove(folder)
         except StorageError as exc:
-            return f"older checkpoints past keep_last={self.keep_last} could not be deleted first: {_first_line(exc)}"
+            return f"older checkpoints past keep_last={self.keep_last} could not be deleted first: {first_line(exc)}"
         return None
 
     def close(self) -> None:
@@ -569,7 +581,7 @@ class Checkpointer:
             causes = [reader.metadata_error] if reader.metadata_error else _causes(exc)
             # Only what the bytes themselves show (damage, a missing file) on every rank is a reason to go back to
             # an older checkpoint: an outage or an unexpected error must not cost the newest one its place.
-            verdicts = all_gather_objects((_first_line(causes[0]), all(isinstance(c, (CheckpointError, NotFound))
+            verdicts = all_gather_objects((first_line(causes[0]), all(isinstance(c, (CheckpointError, NotFound))
                                                                 for c in causes)), self._group)
             reason = verdicts[0][0]
             if not all(damaged for _, damaged in verdicts):
@@ -655,7 +667,7 @@ def load_model_tensors(checkpoint: CommittedCheckpoint, names: list[str], key: s
             dcp.load({key: {"model": tensors}}, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"checkpoint step {checkpoint.step} at {checkpoint.url} cannot be read: "
-                              f"{_first_line(exc)}") from None
+                              f"{first_line(exc)}") from None
     return tensors
 
 
@@ -763,7 +775,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return sorted(errors, key=lambda e: not isinstance(e, SpotrayError))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """What went wrong, in one line: the error's own message (for DCP's, that of the error behind it), its type
     named unless it is spotray's."""
     exc = _causes(exc)[0]

@@ -38,6 +38,7 @@ from spotray.driver.progress import ProgressMonitor
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
+from spotray.snapshots.holders import remove_holders, snapshot_root
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
 from spotray.tasks import Task
@@ -64,8 +65,11 @@ def ray_train_fn(config: dict) -> None:
     cfg = from_dict(config)
     enter_working_dir(cfg)
     context = ray.train.get_context()
+    snapshots = (snapshot_root(run_root(cfg).url, cfg.snapshot.max_bytes)
+                 if cfg.snapshot.enabled and not cfg.script.path else None)
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
-                    ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes))
+                    ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes),
+                    snapshots)
     if cfg.script.path:
         user_script.run_on_worker(cfg, env)
     else:
@@ -129,6 +133,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     workers_cfg = shipped(cfg, root)  # refuses an oversized working dir before Ray starts
     runtime_env = worker_runtime_env(cfg)
     _ensure_ray(cfg, worker_logs)
+    _remove_snapshots(root)  # a driver before this one left them: they may be of another lineage
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
     endings.driver_started(attempts, _newest_attempt(attempts))
@@ -166,6 +171,8 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
     finally:
         _record_driver_end(attempts, *ending)
+        if not head.lost:  # with the head, they are gone; and a call to it would wait for it
+            _remove_snapshots(root)
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
@@ -186,6 +193,14 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
 def _newest_attempt(attempts: Location) -> str | None:
     newest = ledger.read_attempts(attempts)[-1:]
     return newest[0].attempt_id if newest else None
+
+
+def _remove_snapshots(root: Location) -> None:
+    """Best effort: the cluster may be gone, and its snapshots with it."""
+    try:
+        remove_holders(root.url)
+    except Exception as exc:  # Ray's errors when its head is gone are not one type
+        log.warning("could not remove the run's snapshot holders: %s", exc)
 
 
 def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:

@@ -77,6 +77,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "best_eval": _best_eval(evals),
         "memory": _memory(attempts_root, records),
         "checkpoints": [_checkpoint(c, now) for c in committed],
+        "snapshot": records[-1].status_of("snapshot", None) if records else None,
         "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
         "endings": time_split["events"],
@@ -192,6 +193,7 @@ def format_text(status: dict) -> str:
         f"val loss     {_val_loss_text(status)}",
         f"memory       {_memory_text(status['memory'])}",
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
+        *([f"snapshots    {_snapshot_text(status['snapshot'])}"] if status["snapshot"] else []),
         *(f"set aside    step {r['step']} in {r['url']} (unreadable: {r['reason']}; the run went on from step "
           f"{r['resumed_from']})" for r in status["set_aside"]),
         f"attempts     {len(status['attempts'])}, {status['spot_interruptions']} spot interruptions, "
@@ -267,6 +269,13 @@ def _checkpoints_text(checkpoints: list[dict]) -> str:
                      f"{c['age_s']:,.0f}s ago)" for c in checkpoints)
 
 
+def _snapshot_text(snapshot: dict) -> str:
+    """The newest attempt's newest in-memory snapshot and what its nodes hold."""
+    nodes = snapshot["nodes"].values()
+    return (f"step {snapshot['step']} in memory on {len(nodes)} node{'s' * (len(nodes) != 1)}, up to "
+            f"{_size(max(n['bytes'] for n in nodes))} on one (each may hold {_size(min(n['cap'] for n in nodes))})")
+
+
 def _ending_text(event: dict) -> str:
     if event["kind"] in endings.PAUSES:
         resumed = f"continued from step {event['resumed_from']} by a rerun"
@@ -284,7 +293,8 @@ def _at_most(counted: dict) -> str:
 
 
 def _goodput_text(status: dict) -> str:
-    badput = ", ".join(f"{category} {seconds:,.0f}s" for category, seconds in status["badput_s"].items())
+    badput = ", ".join(f"{category} {seconds:,.0f}s" for category, seconds in status["badput_s"].items()
+                       if seconds or category not in goodput.SNAPSHOT_CATEGORIES)
     paused = (f"; paused {status['paused_s']:,.0f}s between a stop or a finish and a rerun (not counted)"
               if status["paused_s"] else "")
     return f"{100 * status['goodput']:.1f}% of {status['total_s']:,.0f}s; badput: {badput}{paused}"

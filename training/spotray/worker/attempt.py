@@ -38,6 +38,8 @@ class WorkerEnv:
     preemption_deadline: Callable[[], float | None] = _no_preemption
     # Whether the worker group would fit on nodes that are not being preempted (asked by rank 0 after a notice).
     capacity_elsewhere: Callable[[], bool] = _no_capacity_elsewhere
+    # Where this attempt keeps its in-memory snapshots (the holders on the run's nodes), or None: no snapshots.
+    snapshot_root: Location | None = None
 
 
 def run_root(cfg: TrainConfig) -> Location:

@@ -80,6 +80,33 @@ class CheckpointInterval:
             self.steps = steps
 
 
+SNAPSHOT_BUDGET = 0.02  # of the step time, at most, that snapshots may block training under ``auto``
+UNMEASURED_SNAPSHOT_STEPS = 10  # ``auto`` before an attempt has timed a snapshot
+
+
+class SnapshotInterval:
+    """Whether a step is due for a snapshot. Fixed: every multiple of ``every_steps``. ``auto``: once ``steps``
+    have passed since the last, where ``steps`` keeps the time snapshots block training under ``SNAPSHOT_BUDGET`` of
+    the step time, and is never shorter than a whole snapshot (the next waits for the last)."""
+
+    def __init__(self, every_steps: int | str, start_step: int):
+        self.auto = every_steps == AUTO
+        self.steps = UNMEASURED_SNAPSHOT_STEPS if self.auto else int(every_steps)
+        self.last_step = start_step
+
+    def due(self, step: int) -> bool:
+        if self.auto:
+            return step - self.last_step >= self.steps
+        return step % self.steps == 0
+
+    def taken(self, step: int, blocking_s: float, whole_s: float, step_s: float) -> None:
+        """A snapshot (or a checkpoint, which holds the same state) at ``step`` blocked ``blocking_s`` of
+        ``whole_s``; the same values on every rank."""
+        self.last_step = step
+        if self.auto and step_s > 0:
+            self.steps = max(1, math.ceil(max(blocking_s / SNAPSHOT_BUDGET, whole_s) / step_s))
+
+
 class PreemptionChecks:
     """Whether a step is due to ask Ray about preemptions. Fixed: every multiple of ``every_steps``. ``auto``: every
     step until a step is timed, then once ``CHECK_EVERY_S`` of steps have passed since the last check."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -30,6 +31,7 @@ from spotray.checkpoints.dcp import (
 )
 from spotray.config import TrainConfig
 from spotray.errors import OutOfMemory
+from spotray.snapshots.store import Snapshots
 from spotray.step.batches import split, to_device
 from spotray.step.evaluation import Evaluator, open_val_dataset
 from spotray.step.optim import allocate_state, build_optimizer, build_scheduler
@@ -40,7 +42,14 @@ from spotray.tasks import Samples, Task, TaskError
 from spotray.tasks.load import load_task
 from spotray.worker import memory
 from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
-from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
+from spotray.worker.cadence import (
+    Cadence,
+    SnapshotInterval,
+    move_or_wait,
+    nominal_every_steps,
+    slowest_rank,
+    too_short,
+)
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
@@ -223,23 +232,28 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
                                 keep_best=cfg.checkpoint.keep_best, async_save=cfg.checkpoint.async_save,
                                 failure_budget_s=cfg.checkpoint.save_failure_budget_s,
                                 max_retry_gap=nominal_every_steps(cfg.checkpoint.every_steps), attempt_id=attempt_id)
+    snapshots = (Snapshots(env.snapshot_root, rank=env.rank, world_size=env.world_size, attempt_id=attempt_id)
+                 if env.snapshot_root is not None else None)
     candidates = checkpointer.committed()
-    prefetch = RestorePrefetch(candidates[0]) if candidates else None  # downloads while the model is built
-    parts = build_parts(cfg, env, init_weights=not candidates)
+    snapshot = snapshots.newer_than(candidates[0].step if candidates else 0) if snapshots else None
+    prefetch = RestorePrefetch(candidates[0]) if candidates and snapshot is None else None  # downloads meanwhile
+    parts = build_parts(cfg, env, init_weights=not candidates and snapshot is None)
     if env.rank == 0:
         _record_model(cfg, root, parts)
     restore_started = time.time()
-    restored = checkpointer.restore_latest(parts.state, per_rank_keys=("rng",), prefetch=prefetch,
-                                           candidates=candidates)
+    parts, restored = _restore(cfg, env, parts, checkpointer, snapshots, snapshot, candidates, prefetch)
     restore_s = time.time() - restore_started
     _seed_after_restore(cfg, env, parts.progress.step, restored)
     records = open_records(cfg, env, root, attempt_id, parts.progress.step)
     telemetry = _telemetry(cfg, env, records, entered_at, parts)
-    telemetry.started(restore_started - entered_at, restore_s)
+    from_snapshot = snapshot is not None and restored == snapshot
+    telemetry.started(restore_started - entered_at, restore_s, from_snapshot=from_snapshot)
     try:
-        return _StepLoop(cfg, env, parts, checkpointer, records, telemetry).run()
+        return _StepLoop(cfg, env, parts, checkpointer, records, telemetry, snapshots).run()
     except MovedOnNotice as moved:
         checkpointer.close()
+        if snapshots is not None:
+            snapshots.close()
         records.writer.close(timeout_s=30)
         return {"moved_on_notice": True, "final_step": moved.args[0]}
     except (torch.OutOfMemoryError, MemoryError):
@@ -254,6 +268,29 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
 
 
 FAILURE_RECORD_WAIT_S = 10.0
+
+
+def _restore(cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointer: Checkpointer,
+             snapshots: Snapshots | None, snapshot: CommittedCheckpoint | None,
+             candidates: list[CommittedCheckpoint], prefetch: RestorePrefetch | None
+             ) -> tuple[TrainingParts, CommittedCheckpoint | None]:
+    """The newest state of the run's lineage into ``parts``: ``snapshot`` (newer than every checkpoint) where it
+    reads back whole, else the newest committed checkpoint that does. Returns the parts and what they hold."""
+    if snapshots is not None and snapshot is not None:
+        if snapshots.restore(snapshot, parts.state, per_rank_keys=("rng",)):
+            checkpointer.start_lineage(snapshot.step, [])
+            return parts, snapshot
+        if not candidates:  # the weights were left to the snapshot, which may have written some of them
+            parts = build_parts(cfg, env)
+    return parts, checkpointer.restore_latest(parts.state, per_rank_keys=("rng",), prefetch=prefetch,
+                                              candidates=candidates)
+
+
+def _records_durable(writer: ledger.RecordWriter, mark: dict[str, int]) -> None:
+    """A snapshot commits only once the records of the steps it holds (as of ``mark``) are in storage, as a
+    checkpoint does: were they lost with the node, the resumed run would keep steps its ledger does not have."""
+    if not writer.written_through(mark, timeout_s=FAILURE_RECORD_WAIT_S):
+        raise OSError("the ledger's records of its steps could not be written to storage")
 
 
 def _record_failure(telemetry: Telemetry, writer: ledger.RecordWriter, exc: BaseException) -> None:
@@ -297,9 +334,11 @@ class _StepLoop:
     """One attempt's steps, and what happens at three cadences: a log line, a checkpoint, a preemption check."""
 
     def __init__(self, cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointer: Checkpointer,
-                 records: Records, telemetry: Telemetry):
+                 records: Records, telemetry: Telemetry, snapshots: Snapshots | None = None):
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
+        self.snapshots = snapshots
+        self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, parts.progress.step)
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
         self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
@@ -321,6 +360,8 @@ class _StepLoop:
                 self._evaluate(step)
             if saving:
                 self._checkpoint(step)
+            elif self._snapshot_due(step):
+                self._snapshot(step)
             self._check_preemption(step)
         self._commit_final()
         return self._finish()
@@ -384,8 +425,27 @@ class _StepLoop:
         blocked = time.perf_counter() - started
         self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
         self.cadence.saved(step, blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
+        self.snapshot_interval.last_step = step  # the checkpoint holds what a snapshot would
         if committed:
             self.env.report({"step": committed.step})
+
+    def _snapshot_due(self, step: int) -> bool:
+        return (self.snapshots is not None and self.snapshots.off is None and step < self.last_step
+                and self.snapshot_interval.due(step))
+
+    def _snapshot(self, step: int) -> None:
+        assert self.snapshots is not None  # _snapshot_due
+        self._flush_logs()  # queued here; the snapshot commits once they are written (_records_durable)
+        self.snapshots.before_write = functools.partial(_records_durable, self.records.writer,
+                                                        self.records.writer.mark())
+        started = time.perf_counter()
+        previous = self.snapshots.save(step, self.parts.state)  # the one before, committed (or None)
+        blocked = time.perf_counter() - started
+        held = (previous.step, self.snapshots.usage()) if previous is not None and self.env.rank == 0 else None
+        self.telemetry.snapshot(blocked, held)
+        measured = (blocked, self.snapshots.last_save_s or blocked, self._mean_step_s())
+        self.snapshot_interval.taken(step, *(slowest_rank(measured, self.env.device) if self.snapshot_interval.auto
+                                             else measured))
 
     def _mean_step_s(self) -> float:
         return self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s
@@ -405,6 +465,8 @@ class _StepLoop:
         committed = self.checkpointer.commit_final(step, self.parts.state, self.val_losses.get(step))
         self.telemetry.checkpoint(time.perf_counter() - started, self.checkpointer.last_save_s)
         self.checkpointer.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.env.report({"step": committed.step})
 
     def _finish(self) -> dict:

@@ -40,6 +40,9 @@ GAUGES = {
     "checkpoint_save_seconds": "end-to-end time of the last checkpoint save",
     "checkpoint_restore_seconds": "time this attempt spent restoring its checkpoint",
     "checkpoint_failed_saves": "failed checkpoint saves in this attempt (storage outages)",
+    "snapshot_step": "step of the newest in-memory snapshot",
+    "snapshot_bytes": "the most any node holds for the run's in-memory snapshots",
+    "snapshot_capacity_bytes": "the least any node may hold for them (snapshot.max_gb_per_node, or half its room)",
     "emergency_checkpoint": "last preemption notice: 1 if its emergency checkpoint committed, 0 if there was no "
                             "time (the restart falls back to the last committed checkpoint) or it failed",
     "max_steps": "the steps the run plans to train",
@@ -134,8 +137,8 @@ class Past:
 class Telemetry:
     """What ranks other than 0 report: nothing. Rank 0 reports through ``RankZeroTelemetry``."""
 
-    def started(self, startup_s: float, restore_s: float) -> None:
-        """The attempt's start-up and restore took this long."""
+    def started(self, startup_s: float, restore_s: float, from_snapshot: bool = False) -> None:
+        """The attempt's start-up and restore (of an in-memory snapshot, ``from_snapshot``) took this long."""
 
     def planned(self, max_steps: int) -> None:
         """The run trains to ``max_steps`` (a script's Trainer says so once it starts)."""
@@ -152,6 +155,10 @@ class Telemetry:
 
     def checkpoint(self, blocking_s: float, save_s: float | None) -> None:
         """Training waited ``blocking_s`` for a save that took ``save_s`` end to end."""
+
+    def snapshot(self, blocking_s: float, held: tuple[int, dict[str, tuple[int, int]]] | None) -> None:
+        """Training waited ``blocking_s`` for an in-memory snapshot; ``held``: the newest committed one's step and
+        each node's bytes held and cap, where one has committed since the last."""
 
     def notice(self, step: int, at: float, committed: bool) -> None:
         """A preemption notice came at ``step``; ``committed``: its emergency checkpoint did."""
@@ -216,9 +223,9 @@ class RankZeroTelemetry(Telemetry):
         self.clock.update(max_steps=max_steps)
         self.gauges.set(max_steps=max_steps)
 
-    def started(self, startup_s: float, restore_s: float) -> None:
+    def started(self, startup_s: float, restore_s: float, from_snapshot: bool = False) -> None:
         self.clock.add("startup", startup_s)
-        self.clock.add("restore", restore_s)
+        self.clock.add("snapshot_restore" if from_snapshot else "restore", restore_s)
         self.gauges.set(checkpoint_restore_seconds=restore_s)
         self.clock.flush()
 
@@ -268,6 +275,16 @@ class RankZeroTelemetry(Telemetry):
         self.clock.add("checkpoint_save", blocking_s)
         self.gauges.set(checkpoint_blocking_seconds=blocking_s, checkpoint_save_seconds=save_s)
 
+    def snapshot(self, blocking_s: float, held: tuple[int, dict[str, tuple[int, int]]] | None) -> None:
+        self.clock.add("snapshot_save", blocking_s)
+        if held is None or not held[1]:
+            return
+        step, nodes = held
+        self.clock.update(snapshot={"step": step, "nodes": {node: {"bytes": used, "cap": cap}
+                                                           for node, (used, cap) in nodes.items()}})
+        self.gauges.set(snapshot_step=step, snapshot_bytes=max(used for used, _ in nodes.values()),
+                        snapshot_capacity_bytes=min(cap for _, cap in nodes.values()))
+
     def notice(self, step: int, at: float, committed: bool) -> None:
         self.clock.update(notice={"step": step, "at": at, "committed": committed})
         self.gauges.set(emergency_checkpoint=1.0 if committed else 0.0)
@@ -295,7 +312,7 @@ class RankZeroTelemetry(Telemetry):
         status, past = self.clock.status, self.past()
         seconds = dict(past.before)
         seconds["productive"] += self.productive_s
-        for category in ("startup", "restore", "checkpoint_save", "eval"):
+        for category in goodput.CLOCKED:
             seconds[category] += status[f"{category}_s"]
         seconds["waiting"] += status["drain_wait_s"]
         accounted = sum(v for k, v in seconds.items() if k != "other")

@@ -1,0 +1,39 @@
+"""The holders as Ray actors: one per node and run, pinned there, refusing what its cap cannot hold before it is
+sent, answering for the file system, and removed by the driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotray.snapshots import holders
+from spotray.snapshots.memfs import HolderGone
+
+
+@pytest.mark.e2e  # the session's Ray
+def test_a_holder_is_found_again_by_its_run_and_node_and_holds_within_its_cap(ray_cluster):
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    holder = holders.node_holder("file:///runs/a", node, max_bytes=100)
+    holder.put("s/x", b"1" * 60)
+    again = holders.node_holder("file:///runs/a", node, max_bytes=10_000)  # the same actor: its cap stays
+    assert again.get("s/x") == b"1" * 60 and again.sizes("s") == {"s/x": 60} and again.usage() == (60, 100)
+    with pytest.raises(OSError, match="refused s/y: no room"):
+        again.put("s/y", b"2" * 50)
+    holders.node_holder("file:///runs/b", node, max_bytes=None).put("s/x", b"other run")
+    assert holders.remove_holders("file:///runs/a") == 1
+    with pytest.raises(HolderGone):
+        holder.get("s/x")
+    assert holders.node_holder("file:///runs/b", node, None).get("s/x") == b"other run"
+    assert holders.remove_holders("file:///runs/b") == 1
+
+
+def test_the_room_is_the_pods_where_it_has_a_limit_and_never_more_than_the_hosts(monkeypatch):
+    files = {"/sys/fs/cgroup/memory.max": 8 << 30, "/sys/fs/cgroup/memory.current": 6 << 30}
+    monkeypatch.setattr(holders, "_read_int", files.get)
+    monkeypatch.setattr(holders, "_meminfo_available", lambda: 100 << 30)
+    assert holders.node_room_bytes() == 2 << 30  # the pod's limit, not the host's free memory
+    monkeypatch.setattr(holders, "_meminfo_available", lambda: 1 << 30)
+    assert holders.node_room_bytes() == 1 << 30
+    files.clear()  # no limit: the host's
+    assert holders.node_room_bytes() == 1 << 30

@@ -1,0 +1,82 @@
+"""Snapshots kept with the checkpoints' commit rule: the newest one newer than every checkpoint is restored where it
+reads back whole; a part lost with both its nodes, or damaged, sends the restore to storage with one line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from spotray.snapshots.store import Snapshots
+from tests.training.checkpoints.test_dcp import Box
+from tests.training.snapshots.holders import FakeHolder, snapshot_location
+
+
+@pytest.fixture
+def holders() -> list[FakeHolder]:
+    return [FakeHolder(f"n{i}") for i in range(3)]
+
+
+def snapshots_on(holders: list[FakeHolder]) -> Snapshots:
+    return Snapshots(snapshot_location(holders), rank=0, world_size=1, attempt_id="a1")
+
+
+def take(holders: list[FakeHolder], *steps: int) -> None:
+    snapshots = snapshots_on(holders)
+    for step in steps:
+        snapshots.save(step, {"box": Box(float(step))})
+    snapshots.close()
+    assert snapshots.off is None
+
+
+def test_the_newest_is_kept_and_restored_only_when_newer_than_every_checkpoint(holders):
+    take(holders, 10, 20)
+    snapshots = snapshots_on(holders)
+    assert [c.step for c in snapshots.committed()] == [20]  # the older one is gone once the newer committed
+    assert snapshots.newer_than(20) is None
+    newest = snapshots.newer_than(19)
+    box = Box(-1.0)
+    assert newest is not None and snapshots.restore(newest, {"box": box}, per_rank_keys=())
+    assert torch.equal(box.tensor, torch.full((64, 64), 20.0))
+
+
+def test_a_node_lost_leaves_the_rings_copy(holders):
+    take(holders, 10)
+    holders[0].gone = True  # the writer's node; its next one holds the shard too
+    snapshots = snapshots_on(holders)
+    box, newest = Box(-1.0), snapshots.newer_than(0)
+    assert newest is not None and snapshots.restore(newest, {"box": box}, per_rank_keys=())
+    assert torch.equal(box.tensor, torch.full((64, 64), 10.0))
+
+
+@pytest.mark.parametrize("lose", ["both copies", "damage"])
+def test_a_snapshot_that_does_not_read_back_whole_sends_the_restore_to_storage_in_one_line(holders, caplog, lose):
+    take(holders, 10)
+    shard = "run/checkpoints/step_000000010/__0_0.distcp"
+    if lose == "both copies":
+        holders[0].gone = holders[1].gone = True
+    else:
+        for holder in holders[:2]:
+            holder.files[shard] = holder.files[shard][:-1] + b"x"
+    snapshots = snapshots_on(holders)
+    newest = snapshots.newer_than(0)
+    assert newest is not None
+    with caplog.at_level(logging.WARNING):
+        assert not snapshots.restore(newest, {"box": Box(-1.0)}, per_rank_keys=())
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line.startswith("the snapshot of step 10 cannot be restored (") and line.endswith(
+        "): restoring from storage instead"), line
+    assert snapshots.newer_than(0) is None  # dropped
+
+
+def test_a_snapshot_that_fails_turns_them_off_for_the_attempt_with_one_warning(caplog):
+    holders = [FakeHolder("n0", cap=1000), FakeHolder("n1")]
+    snapshots = snapshots_on(holders)
+    with caplog.at_level(logging.WARNING):
+        snapshots.save(10, {"box": Box(1.0)})
+        snapshots.close()
+    assert snapshots.off is not None and "refused" in snapshots.off and "no room" in snapshots.off
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line.endswith("snapshots are off for this attempt; checkpoints go on")
+    assert snapshots_on(holders).newer_than(0) is None

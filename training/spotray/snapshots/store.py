@@ -1,0 +1,63 @@
+"""In-memory snapshots: checkpoints (the same DCP files, commit marker and checksums, so the same rule that a
+partial or damaged one is never restored) whose store is the holders' memory on the run's nodes instead of storage.
+They are taken in the background between checkpoints; after a kill the next attempt restores the newest one that is
+newer than the newest committed checkpoint, reading nothing from storage."""
+
+from __future__ import annotations
+
+import logging
+
+from spotray.checkpoints.dcp import Checkpointer, CommittedCheckpoint, first_line
+from spotray.snapshots.memfs import holder_usage
+from spotray.storage import Location
+
+log = logging.getLogger(__name__)
+
+
+class Snapshots(Checkpointer):
+    """The run's snapshots for one attempt (every rank has one): the newest is kept, each saved asynchronously. A
+    snapshot that fails turns them off for the attempt, with one warning: checkpoints go on as before."""
+
+    def __init__(self, root: Location, *, rank: int, world_size: int, attempt_id: str):
+        super().__init__(root, rank=rank, world_size=world_size, keep_last=1, async_save=True, attempt_id=attempt_id)
+        self.off: str | None = None  # why snapshots are off for this attempt
+
+    def save(self, step: int, state: dict, blocking: bool = False,
+             val_loss: float | None = None) -> CommittedCheckpoint | None:
+        """Starts the snapshot of ``step`` in the background, unless the one before it failed; returns that one
+        where it committed."""
+        previous = self.wait()
+        if self.off is None:
+            super().save(step, state, blocking=blocking, val_loss=val_loss)
+        return previous
+
+    def _failed(self, step: int, exc: BaseException) -> None:
+        self._discard(step)
+        self.off = f"the snapshot of step {step} failed ({first_line(exc)})"
+        if self.rank == 0:
+            log.warning("%s: snapshots are off for this attempt; checkpoints go on", self.off)
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """Each node's bytes held for the run's snapshots, and the most it may hold."""
+        return holder_usage(self.root)
+
+    def newer_than(self, step: int) -> CommittedCheckpoint | None:
+        """The newest committed snapshot above ``step`` (the newest checkpoint's): the one a restore takes."""
+        newest = self.committed()[:1]
+        return newest[0] if newest and newest[0].step > step and newest[0].damage is None else None
+
+    def restore(self, snapshot: CommittedCheckpoint, state: dict, per_rank_keys: tuple[str, ...]) -> bool:
+        """Loads ``snapshot`` into ``state``; False where it cannot be read whole (a node holding both copies of a
+        part is gone, or a checksum fails): then it is dropped and the caller restores from storage."""
+        try:
+            reason = self._load(snapshot, state, per_rank_keys, prefetch=None)
+        except Exception as exc:  # an unexpected failure is no reason to stop: storage still has the run
+            reason = first_line(exc)
+        if reason is None:
+            self.last_committed = snapshot
+            return True
+        if self.rank == 0:
+            log.warning("the snapshot of step %d cannot be restored (%s): restoring from storage instead",
+                        snapshot.step, reason)
+            snapshot.location.delete_tree()
+        return False
