@@ -10,6 +10,7 @@ head runs as its own service account, which may get nodes (``cluster/rbac.py``),
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ from infra.kernel.names import (
 )
 from infra.kernel.versions import RAY_VERSION
 from spotray.accounts.node_records import NODE_NAME_ENV
-from spotray.config import SPOT_NOTICE_S, TrainConfig
+from spotray.config import SPOT_NOTICE_S, SnapshotSection, TrainConfig
 from spotray.errors import ConfigError
 
 MAX_NAME = 47  # KubeRay derives longer names (head service, submitter job) from a RayJob's name
@@ -161,7 +162,7 @@ def rayjob(cfg: TrainConfig, settings: JobSettings) -> dict:
                 "authOptions": {"mode": "token"},
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": _head(name, settings, env),
-                "workerGroupSpecs": [_workers(name, cfg.scaling.num_workers, settings, env)],
+                "workerGroupSpecs": [_workers(name, cfg.scaling.num_workers, cfg.snapshot, settings, env)],
             },
         },
     }
@@ -212,9 +213,22 @@ def _resources(cpus: int, memory_gib: int, gpus: int = 0) -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def worker_resources(job: TrainingJobConfig) -> dict:
-    """One training worker's requests and limits (a warm spare holds the same)."""
-    return _resources(job.cpus_per_worker, job.memory_gib_per_worker, job.gpus_per_worker)
+def worker_resources(job: TrainingJobConfig, snapshot: SnapshotSection | None) -> dict:
+    """One training worker's requests and limits (a warm spare holds the same): its memory plus the in-memory
+    snapshots' bound, where snapshots are on."""
+    return _resources(job.cpus_per_worker, job.memory_gib_per_worker + snapshot_gib(snapshot), job.gpus_per_worker)
+
+
+def snapshot_gib(snapshot: SnapshotSection | None) -> int:
+    """What a worker pod adds for the run's in-memory snapshots: ``snapshot.max_gb_per_node``, in whole GiB."""
+    if snapshot is None or not snapshot.enabled:
+        return 0
+    if snapshot.max_bytes is None:
+        raise ConfigError("snapshot.max_gb_per_node", "is unset while snapshots are on, so a worker pod's memory "
+                          "request cannot include them",
+                          "set it to about 4 x the training state (model and optimizer) / num_workers: each node "
+                          "holds its share and the next node's, and the newest snapshot while the next is written")
+    return math.ceil(snapshot.max_bytes / (1 << 30))
 
 
 def _local_volume(disk_gib: int) -> dict:
@@ -267,7 +281,7 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
     }
 
 
-def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -> dict:
+def _workers(name: str, replicas: int, snapshot: SnapshotSection, settings: JobSettings, env: list[dict]) -> dict:
     job = settings.job
     return {
         "groupName": "gpu",
@@ -290,7 +304,7 @@ def _workers(name: str, replicas: int, settings: JobSettings, env: list[dict]) -
                     "env": [*env, _local_var(), *cache_env(), {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
                                                                "value": str(SPOT_NOTICE_S - DRAIN_MARGIN_S)}],
                     "securityContext": container_context(),
-                    "resources": worker_resources(job),
+                    "resources": worker_resources(job, snapshot),
                     "ports": METRICS_PORTS["worker"],
                     "volumeMounts": [_local_mount(), *writable_mounts(ray=True), *_storage_ca_mounts(settings)],
                 }],

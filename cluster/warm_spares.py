@@ -66,7 +66,7 @@ def warm_spares(pool: GpuPoolConfig, job: TrainingJobConfig, image: str, namespa
                                       "limits": {"cpu": "100m", "memory": "64Mi"}},
                     }],
                     "containers": [{"name": "placeholder", "image": PAUSE_IMAGE, "securityContext": container_context(),
-                                    "resources": worker_resources(job)}],
+                                    "resources": worker_resources(job, job.run.snapshot if job.run else None)}],
                 },
             },
         },

@@ -74,6 +74,18 @@ def test_each_workers_ray_resources_equal_its_containers(gpus, cpus, memory):
     assert int(group["rayStartParams"]["memory"]) == memory << 30 and container["limits"]["memory"] == f"{memory}Gi"
 
 
+def test_a_workers_pod_memory_includes_its_snapshots_but_rays_memory_resource_does_not():
+    group = workers(rayjob(train_config("snapshot.every_steps=auto", "snapshot.max_gb_per_node=10"), SETTINGS))
+    container = group["template"]["spec"]["containers"][0]["resources"]
+    assert container["requests"]["memory"] == container["limits"]["memory"] == "42Gi"  # 32 + 10 GB in whole GiB
+    assert int(group["rayStartParams"]["memory"]) == 32 << 30  # what tasks may reserve: the holders take none
+
+
+def test_snapshots_on_a_cluster_without_their_bound_are_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"'snapshot\.max_gb_per_node': is unset while snapshots are on.*4 x"):
+        rayjob(train_config("snapshot.every_steps=10"), SETTINGS)
+
+
 def test_workers_are_a_fixed_size_group_on_the_gpu_spot_pool_and_tolerate_its_taint(job):
     group = workers(job)
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4

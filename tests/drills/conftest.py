@@ -47,3 +47,13 @@ def cluster(reused_clusters, request):
     yield reused_clusters.get()
     if getattr(request.node, "drill_failed", False):
         reused_clusters.discard()
+
+
+@pytest.fixture
+def three_workers(cluster):
+    """The drills' cluster with a third worker node; what a drill leaves above two is retired (drained)
+    afterwards, so that the next drill finds the cluster whole."""
+    cluster.add_node()
+    yield cluster
+    for node in [node for node in cluster.nodes[1:] if node.alive][2:]:
+        cluster.preempt_with_notice(node)

@@ -1,15 +1,19 @@
-"""In-memory snapshot drills on a real multi-node Ray cluster: a node killed without notice takes its holder (and
-the snapshot files in it) with it; the next attempt restores the newest snapshot from the surviving node."""
+"""In-memory snapshot drills on a real local Ray cluster of a head and 3 worker nodes: a node killed without notice
+takes its holder (and the snapshot files in it) with it; the next attempt restores the newest snapshot from the
+survivors, or, where no whole and sound copy survives, the newest checkpoint, saying why in one line."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 from spotray import config
 from spotray.accounts import goodput
+from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve
 from tests.drills.test_preemption import drill_settings, run_drill
@@ -17,31 +21,103 @@ from tests.drills.test_preemption import drill_settings, run_drill
 pytestmark = pytest.mark.cluster
 
 SNAPSHOT_EVERY = 3
+WORKERS = 3
+FELL_BACK = "cannot be restored ("
+
+
+def snapshot_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, parallel: str) -> tuple[int, int]:
+    return run_drill(cluster, dataset_url, tmp_path, inject, "kill", f"snapshot.every_steps={SNAPSHOT_EVERY}",
+                     f"parallel={parallel}", f"scaling.num_workers={WORKERS}")
+
+
+def past_the_checkpoint() -> None:
+    time.sleep(0.8)  # a few snapshots past the checkpoint of step 20, before the next one
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_a_kill_resumes_from_the_survivors_snapshot_bitwise_reading_no_checkpoint(cluster, dataset_url, tmp_path,
-                                                                                   parallel):
-    """DDP or FSDP (each rank's part its own) on 2 workers on 2 nodes, a snapshot every 3 steps and a checkpoint
-    every 20: a node is killed a few steps past a checkpoint. The next attempt restores the snapshot, newer than
-    every checkpoint, whose killed node's part only the survivor's ring copy still holds. It loses at most two
-    intervals (the newest snapshot may still be copying), spends its restore time on the snapshot (none on storage),
-    and ends bitwise equal to an uninterrupted run, every sample trained once."""
-    def kill_after_a_few_more_steps(node):
-        time.sleep(0.8)  # a few snapshots past the checkpoint, before the next checkpoint
+def test_a_kill_resumes_from_the_survivors_snapshot_bitwise_reading_no_checkpoint(three_workers, dataset_url,
+                                                                                   tmp_path, parallel):
+    """DDP or FSDP (each rank's part its own) on 3 workers, a snapshot every 3 steps and a checkpoint every 20: a
+    node is killed a few steps past a checkpoint. The next attempt restores the snapshot, newer than every
+    checkpoint, whose killed node's part only the next node's ring copy still holds. It loses at most two intervals
+    (the newest snapshot may still be copying), spends its restore time on the snapshot (none on storage), and ends
+    bitwise equal to an uninterrupted run, every sample trained once."""
+    cluster = three_workers
+
+    def kill(node):
+        past_the_checkpoint()
         cluster.kill(node)
 
-    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, kill_after_a_few_more_steps, "kill",
-                                        f"snapshot.every_steps={SNAPSHOT_EVERY}", f"parallel={parallel}")
+    first_last, second_from = snapshot_drill(cluster, dataset_url, tmp_path, kill, parallel)
     assert second_from % 20 != 0, "resumed from a checkpoint, not from the newer snapshot"
     assert 0 <= first_last - second_from <= 2 * SNAPSHOT_EVERY, (first_last, second_from)
     attempts = resolve(f"{tmp_path}/ckpt").child("drill", "attempts")
     second = goodput.attempt_records(attempts)[1]
     assert second.status_of("snapshot_restore_s") > 0 and second.status_of("restore_s") == 0
     held = second.status_of("snapshot", None)  # what `spotray status` and the gauges show
-    assert held["step"] > second_from and len(held["nodes"]) == 2, held
+    assert held["step"] > second_from and len(held["nodes"]) == WORKERS, held
     assert all(0 < node["bytes"] < node["cap"] for node in held["nodes"].values()), held
+    assert FELL_BACK not in (tmp_path / "driver.log").read_text()
     straight = train_on_process_group(config.load(None, [*drill_settings(dataset_url, str(tmp_path / "straight")),
-                                                         f"parallel={parallel}"]).to_dict(), 2)
+                                                         f"parallel={parallel}", f"scaling.num_workers={WORKERS}"]
+                                                       ).to_dict(), WORKERS)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["param_sha256"] == straight["param_sha256"]
+
+
+def test_two_nodes_lost_at_once_take_both_copies_of_a_part_and_the_run_falls_back_to_storage_in_one_line(
+        three_workers, dataset_url, tmp_path):
+    """FSDP on 3 nodes: any two of them are neighbours in the ring, so one rank's part goes with both. The
+    survivor still lists the snapshot; its restore finds the part missing and the run resumes from the checkpoint of
+    step 20, saying so once, every sample trained once."""
+    cluster = three_workers
+
+    def kill_two(node):
+        past_the_checkpoint()
+        neighbour = [n for n in cluster.nodes[1:] if n.alive and n is not node][-1]
+        cluster.kill(node)
+        cluster.kill(neighbour)
+        cluster.add_node()  # with run_drill's, two replacements
+
+    _, second_from = snapshot_drill(cluster, dataset_url, tmp_path, kill_two, "fsdp")
+    assert second_from == 20
+    assert (tmp_path / "driver.log").read_text().count(FELL_BACK) == 1
+
+
+CORRUPT_SNAPSHOTS = """
+import ray
+ray.init(namespace="spotray", log_to_driver=False)
+for actor in ray.util.list_named_actors(all_namespaces=True):
+    if actor["namespace"] != "spotray" or not actor["name"].startswith("snapshot-"):
+        continue
+    holder = ray.get_actor(actor["name"], namespace="spotray")
+    try:
+        sizes = ray.get(holder.sizes.remote(""), timeout=5)
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        continue  # the killed node's
+    for path in sizes:
+        if path.endswith(".distcp"):
+            data = ray.get(holder.get.remote(path))
+            ray.get(holder.put.remote(path, data[:-1] + bytes([data[-1] ^ 1])))
+            print("corrupted", path)
+"""
+
+
+def test_a_corrupted_snapshot_is_never_restored(three_workers, dataset_url, tmp_path):
+    """DDP on 3 nodes: a node is killed, then one byte of every snapshot file the survivors hold is flipped before
+    the replacement joins (the run waits for it). The checksums refuse the snapshot and the run resumes from the
+    checkpoint of step 20, saying so once, every sample trained once."""
+    cluster = three_workers
+
+    def kill_and_corrupt(node):
+        past_the_checkpoint()
+        cluster.kill(node)
+        corrupted = subprocess.run([sys.executable, "-c", CORRUPT_SNAPSHOTS], capture_output=True, text=True,
+                                   env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, timeout=120)
+        assert "corrupted" in corrupted.stdout, corrupted.stdout + corrupted.stderr
+
+    _, second_from = snapshot_drill(cluster, dataset_url, tmp_path, kill_and_corrupt, "ddp")
+    assert second_from == 20
+    console = (tmp_path / "driver.log").read_text()
+    reason = console.split(FELL_BACK)[-1].split("\n")[0]
+    assert console.count(FELL_BACK) == 1 and "is corrupted" in reason, console[-3000:]

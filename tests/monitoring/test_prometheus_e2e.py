@@ -97,11 +97,12 @@ class Prometheus:
 
 def train_config(workdir: Path, dataset_url: str) -> Path:
     # evaluates on its own training data (data.val_path): the validation loss panel needs a run that evaluates;
-    # names its (local) nodes and their prices, so that it bills them and exports the Cost row's gauges
+    # names its (local) nodes and their prices, so that it bills them and exports the Cost row's gauges;
+    # takes in-memory snapshots (off by default), so that their panels have data
     config = {"data": {"path": dataset_url, "val_path": dataset_url}, "eval": {"every_steps": 50, "samples": 24},
               "cost": {"prices": {"m7i.xlarge": {"spot": 0.08, "on-demand": 0.2016}}, "example_prices": True,
                        "node": {"instance_type": "m7i.xlarge", "capacity_type": "spot", "zone": "us-west-2a"}},
-              "checkpoint": {"path": str(workdir / "ckpt"), "every_steps": 25},
+              "checkpoint": {"path": str(workdir / "ckpt"), "every_steps": 25}, "snapshot": {"every_steps": 10},
               "run": {"name": "e2e"}, "model": {"preset": "tiny"}, "scaling": {"num_workers": 2},
               "train": {"seq_len": 32, "global_batch_size": 12, "max_steps": 200, "warmup_steps": 5, "log_every": 5}}
     path = workdir / "train.yaml"

@@ -11,7 +11,7 @@ def load(*pairs):
 def test_overrides_are_typed_and_nested():
     cfg = load("train.lr=3e-4", "checkpoint.async=true", "scaling.num_workers=4", "train.global_batch_size=16",
                "scaling.resources_per_worker.CPU=2")
-    assert cfg.train.lr == 3e-4 and cfg.checkpoint.async_save is True and cfg.per_worker_batch == 4
+    assert cfg.train.lr == 3e-4 and cfg.checkpoint.async_save is True and cfg.per_worker_batch(4) == 4
     assert cfg.scaling.resources_per_worker == {"CPU": 2}
 
 
@@ -44,6 +44,11 @@ def test_yaml_file_then_overrides(tmp_path):
     (["fault_tolerance.preemption_check_every_steps=0"], "fault_tolerance.preemption_check_every_steps"),
     (["fault_tolerance.preemption_check_every_steps=often"], "fault_tolerance.preemption_check_every_steps"),
     (["scaling.num_workers=3"], "train.global_batch_size"),
+    (["scaling.min_workers=3"], "scaling.min_workers"),  # above num_workers=2
+    (["scaling.min_workers=0"], "scaling.min_workers"),
+    (["scaling.num_workers=4", "scaling.min_workers=2"], "train.global_batch_size"),  # 3 workers do not divide 8
+    (["script.path=train.py", "scaling.min_workers=1"], "scaling.min_workers"),
+    (["scaling.grow_after_s=-1"], "scaling.grow_after_s"),
     (["fault_tolerance.max_failures=-2"], "fault_tolerance.max_failures"),
     (["run.name=has space"], "run.name"),
     (["train.stop_at_step=500"], "train.stop_at_step"),
@@ -80,3 +85,11 @@ def test_an_unknown_key_is_named_on_one_line_however_it_is_spelled(raw, named):
 def test_data_path_is_required():
     with pytest.raises(ConfigError, match="data.path"):
         config.load(None, [])
+
+
+def test_every_size_a_run_may_shrink_to_divides_the_global_batch_and_the_error_says_which_batch_would():
+    shrinking = load("scaling.num_workers=4", "scaling.min_workers=2", "train.global_batch_size=12")
+    assert shrinking.scaling.fewest_workers == 2
+    assert load("scaling.num_workers=4").scaling.fewest_workers == 4  # unset: today's behaviour, no shrinking
+    with pytest.raises(ConfigError, match=r"8 is not divisible by 3 workers.*from 2 to 4 divides \(e\.g\. 12"):
+        load("scaling.num_workers=4", "scaling.min_workers=2")

@@ -255,9 +255,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
-    p.add_argument("--fault", choices=["kill", "notice", "both"], default="kill",
+    p.add_argument("--fault", choices=["kill", "notice", "both", "shrink"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "
-                        "notice (spotray's recovery from a notice against from a kill, timed from the fault), or both")
+                        "notice (spotray's recovery from a notice against from a kill, timed from the fault), both, "
+                        "or shrink (a kill with scaling.min_workers against without, timed from the fault)")
     p.add_argument("--capacity-gap", type=float, default=None, metavar="SECONDS",
                    help="recovery bench: how long the cluster stays a node short after a compared kill, before the "
                         "replacement starts (default 10: Ray has noticed the loss and waits for capacity)")

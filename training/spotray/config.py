@@ -6,6 +6,7 @@ Field names are the YAML keys, except ``checkpoint.async`` (a Python keyword) wh
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -144,12 +145,24 @@ class TrainSection:
 
 @dataclass(frozen=True)
 class ScalingSection:
+    """``min_workers``: the fewest workers a run goes on with when a lost node's workers have nowhere to go; unset:
+    ``num_workers``, and a lost node is waited for. A smaller run grows back to ``num_workers`` at a committed step
+    once the whole group has fit, at every look, for ``grow_after_s``."""
+
     num_workers: int = 2
     use_gpu: bool = False
     resources_per_worker: dict = field(default_factory=dict)
+    min_workers: int | None = None
+    grow_after_s: float = 30.0
 
     def __post_init__(self):
         _require(self.num_workers > 0, "scaling.num_workers", f"must be positive, got {self.num_workers}")
+        _require(self.min_workers is None or isinstance(self.min_workers, int) and not isinstance(
+            self.min_workers, bool) and 1 <= self.min_workers <= self.num_workers, "scaling.min_workers",
+            f"must be a count from 1 to scaling.num_workers={self.num_workers}, got {self.min_workers!r}",
+            "leave it unset to wait for a lost node instead of going on with fewer workers")
+        _require(self.grow_after_s >= 0, "scaling.grow_after_s", f"must be >= 0, got {self.grow_after_s}",
+                 "seconds the whole group must have fit before a smaller run grows back, e.g. 30")
         for key, value in self.resources_per_worker.items():
             _require(isinstance(value, (int, float)) and value >= 0, f"scaling.resources_per_worker.{key}",
                      f"must be a non-negative number, got {value!r}")
@@ -164,6 +177,10 @@ class ScalingSection:
         if self.use_gpu:
             resources.setdefault("GPU", 1)
         return resources
+
+    @property
+    def fewest_workers(self) -> int:
+        return self.num_workers if self.min_workers is None else self.min_workers
 
     @property
     def backend(self) -> str:
@@ -460,6 +477,9 @@ class TrainConfig:
     def __post_init__(self):
         _require(self.parallel in ("ddp", "fsdp"), "parallel", f"unknown value '{self.parallel}'", "use ddp or fsdp")
         if self.script.path:
+            _require(self.scaling.fewest_workers == self.scaling.num_workers, "scaling.min_workers",
+                     "shrinks spotray's own loop only: a script's run cannot go on with fewer workers yet",
+                     "leave it unset with script.path; the run then waits for a lost node's replacement")
             return  # the script owns its data and batches
         _require(bool(self.data.path), "data.path", "is required",
                  "run `spotray prepare --output URL` and set data.path=URL")
@@ -470,15 +490,22 @@ class TrainConfig:
         _require(batch % workers == 0, "train.global_batch_size",
                  f"{batch} is not divisible by scaling.num_workers={workers}",
                  "pick a global batch that every world size you resume with divides (e.g. 12 for 1, 2, 3, 4 workers)")
+        sizes = range(self.scaling.fewest_workers, workers + 1)
+        odd = [size for size in sizes if batch % size]
+        _require(not odd, "train.global_batch_size",
+                 f"{batch} is not divisible by {odd[0] if odd else 0} workers, a size scaling.min_workers="
+                 f"{self.scaling.min_workers} lets the run shrink to",
+                 f"pick a global batch that every size from {sizes.start} to {workers} divides (e.g. "
+                 f"{math.lcm(*sizes)}), or raise scaling.min_workers")
 
     @property
     def evaluates(self) -> bool:
         """Whether the run evaluates on held-out data: eval.every_steps is set, or checkpoint.keep_best needs it."""
         return self.eval.every_steps is not None or self.checkpoint.keep_best
 
-    @property
-    def per_worker_batch(self) -> int:
-        return self.train.global_batch_size // self.scaling.num_workers
+    def per_worker_batch(self, workers: int) -> int:
+        """Each worker's share of the global batch on ``workers`` workers (a run that shrank has fewer)."""
+        return self.train.global_batch_size // workers
 
     def to_dict(self) -> dict:
         return _to_plain(self)

@@ -149,6 +149,34 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     ]
 
 
+def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interruption(tmp_path):
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    write_attempt(root, "a", 0, 50, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1110.0, "step": 50},
+                  world_size=4)
+    endings.record(root, "a", endings.KILL, "node ray-a (spot) lost: Ray says UNEXPECTED_TERMINATION")
+    write_attempt(root, "b", 48, 90, {"entered_at": 1115.0, "first_step_at": 1120.0, "last_seen": 1200.0, "step": 90,
+                                      "grew": {"step": 90, "at": 1200.0}}, world_size=2)
+    monitor.poll()
+    write_attempt(root, "c", 90, 100, {"entered_at": 1204.0, "first_step_at": 1210.0, "last_seen": 1230.0,
+                                       "step": 100}, world_size=4)
+    monitor.poll()
+    monitor.poll()
+    lines = [line for line in stream.getvalue().splitlines() if not line.startswith("spotray: step ")]
+    assert lines == [
+        "spotray: SPOT INTERRUPTION without notice at step 50: spot node lost without notice (node ray-a (spot) "
+        "lost: Ray says UNEXPECTED_TERMINATION)",
+        "spotray: SHRUNK to 2 workers from step 48: the lost node's workers had nowhere to go; 10.0s after the "
+        "interruption, 2 steps lost by the records, at most 3; growing back when capacity returns",
+        "spotray: GREW to 4 workers from step 90: capacity for the whole group was back; 10.0s from the last step, "
+        "0 steps lost"]
+    account = goodput.account(root)
+    assert [(e.kind, e.spot, e.lost_steps_at_most) for e in account.events] == [("kill", True, 3),
+                                                                              ("resize", False, 0)]
+    assert len(account.interruptions) == 1
+
+
 def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_path, monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])

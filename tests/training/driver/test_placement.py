@@ -10,7 +10,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from spotray.config import ScalingSection
 from spotray.driver import placement, progress
-from spotray.driver.placement import Placement, group_fits, worker_group_placement
+from spotray.driver.placement import Placement, group_fits, worker_group_placement, workers_that_fit
 from spotray.storage import resolve
 from tests.console import line_kind
 
@@ -33,6 +33,19 @@ def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_
     assert not group_fits(scaling, excluding={"draining"})
     nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
     assert group_fits(scaling, excluding={"draining"})
+
+
+def test_the_workers_that_fit_count_each_alive_nodes_whole_workers_but_the_lost_ones_up_to_the_group(monkeypatch):
+    scaling = ScalingSection(num_workers=4, resources_per_worker={"CPU": 2, "GPU": 1})
+    nodes = [{"NodeID": "big", "Alive": True, "Resources": {"CPU": 5.0, "GPU": 4.0}},  # 2: CPU-bound
+             {"NodeID": "small", "Alive": True, "Resources": {"CPU": 1.0, "GPU": 1.0}},  # none
+             {"NodeID": "lost", "Alive": True, "Resources": {"CPU": 2.0, "GPU": 1.0}},  # Ray has not noticed yet
+             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 8.0, "GPU": 8.0}}]
+    monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
+    assert workers_that_fit(scaling, excluding={"lost"}) == 2
+    assert workers_that_fit(scaling, excluding=()) == 3
+    nodes.append({"NodeID": "more", "Alive": True, "Resources": {"CPU": 16.0, "GPU": 8.0}})
+    assert workers_that_fit(scaling, excluding=()) == 4  # never above num_workers
 
 
 def test_the_worker_groups_placement_is_pending_without_the_resources_and_placed_with_them(ray_cluster):

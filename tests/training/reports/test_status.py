@@ -168,6 +168,16 @@ def test_the_newest_attempts_snapshot_is_shown_with_what_its_nodes_hold(run, cap
             in capsys.readouterr().out)
 
 
+def test_the_newest_attempts_size_is_shown_against_the_configured_one(run, capsys):
+    assert status_json(run.url, capsys=capsys)["workers"] == {"now": 2, "configured": 2}  # not recorded: its own
+    attempts = ledger.attempts_root(run)
+    ledger.write_attempt(attempts, ledger.AttemptInfo("c", 70, 3, 4, started_at=1.0, configured_workers=4))
+    assert status_json(run.url, capsys=capsys)["workers"] == {"now": 3, "configured": 4}
+    assert main(["status", run.url]) == 0
+    assert ("workers      3 of 4 (shrunk after a lost node: it grows back when capacity returns)"
+            in capsys.readouterr().out)
+
+
 def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     attempts = ledger.attempts_root(run)
     goodput_status = goodput.read_status(attempts, "c")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 
 from spotray.snapshots.holders import EVERYWHERE
-from spotray.snapshots.memfs import HolderFileSystem, HolderGone, HolderRing, under
+from spotray.snapshots.memfs import HolderFileSystem, HolderFull, HolderGone, HolderRing, under
 from spotray.storage import Location
 
 
@@ -20,7 +20,7 @@ class FakeHolder:
     def put(self, path: str, data: bytes) -> None:
         self._answer()
         if sum(len(v) for k, v in self.files.items() if k != path) + len(data) > self.cap:
-            raise OSError(f"the snapshot holder on node {self.node} refused {path}: no room")
+            raise HolderFull(self.node, f"the snapshot holder on node {self.node} refused {path}: no room")
         self.files[path] = bytes(data)
 
     def get(self, path: str) -> bytes | None:

@@ -70,13 +70,39 @@ def test_a_snapshot_that_does_not_read_back_whole_sends_the_restore_to_storage_i
     assert snapshots.newer_than(0) is None  # dropped
 
 
-def test_a_snapshot_that_fails_turns_them_off_for_the_attempt_with_one_warning(caplog):
-    holders = [FakeHolder("n0", cap=1000), FakeHolder("n1")]
+def test_a_node_without_room_is_left_out_of_the_ring_with_one_warning_and_the_others_hold_two_copies(caplog):
+    holders = [FakeHolder("n0", cap=1000), FakeHolder("n1"), FakeHolder("n2")]
+    snapshots = snapshots_on(holders)  # this rank's node is n0
+    with caplog.at_level(logging.WARNING):
+        snapshots.save(10, {"box": Box(1.0)})
+        snapshots.save(20, {"box": Box(2.0)})
+        snapshots.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert line.startswith("node n0 has no room for the snapshot of step 10 (") and "no room" in line, line
+    assert line.endswith("it holds no snapshots from now on; its ranks' parts go to the next nodes")
+    assert snapshots.off is None and holders[0].files == {}
+    shard = "run/checkpoints/step_000000020/__0_0.distcp"
+    assert shard in holders[1].files and shard in holders[2].files
+    holders[1].gone = True  # either copy is enough
+    newest, box = snapshots_on(holders).newer_than(0), Box(-1.0)
+    assert newest is not None and newest.step == 20 and snapshots_on(holders).restore(newest, {"box": box}, ())
+    assert torch.equal(box.tensor, torch.full((64, 64), 2.0))
+
+
+@pytest.mark.parametrize("fault", ["no other node has room", "a holder is gone"])
+def test_a_snapshot_that_fails_otherwise_turns_them_off_for_the_attempt_with_one_warning(caplog, fault):
+    if fault == "a holder is gone":
+        holders = [FakeHolder("n0"), FakeHolder("n1")]
+        holders[1].gone = True
+    else:
+        holders = [FakeHolder("n0", cap=1000)]
     snapshots = snapshots_on(holders)
     with caplog.at_level(logging.WARNING):
         snapshots.save(10, {"box": Box(1.0)})
+        snapshots.save(20, {"box": Box(2.0)})
         snapshots.close()
-    assert snapshots.off is not None and "refused" in snapshots.off and "no room" in snapshots.off
+    assert snapshots.off is not None and snapshots.off.startswith("the snapshot of step 10 failed (")
+    assert ("no room" if fault == "no other node has room" else "gone") in snapshots.off
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert line.endswith("snapshots are off for this attempt; checkpoints go on")
     assert snapshots_on(holders).newer_than(0) is None

@@ -13,6 +13,7 @@ from spotray.worker.cadence import (
     UNMEASURED_EVERY_STEPS,
     UNMEASURED_SNAPSHOT_STEPS,
     CheckpointInterval,
+    GrowBack,
     PreemptionChecks,
     SnapshotInterval,
     interval_steps,
@@ -39,6 +40,31 @@ def test_the_interval_in_steps_scales_with_the_interruption_rate_and_stays_in_it
     assert interval_steps(0.0001, 0.0001, 5.0, 1.0, 10_000) == 1  # at least one step
     assert interval_steps(600, 600, 0.01, 1.0, 500) == 500  # at most the run
     assert interval_steps(0.001, 30, 1.0, 60.0, 10_000) == 30  # an async save must finish before the next
+
+
+GROW_AFTER_S = 30.0
+
+
+def test_a_run_grows_back_once_the_whole_group_has_fit_at_every_look_for_the_settling_time():
+    now, room = [0.0], [True]
+    agreed = []
+    def agree(value: bool) -> bool:
+        agreed.append(value)
+        return value
+
+    grow = GrowBack(lambda: room[0], agree, rank=0, after_s=GROW_AFTER_S, clock=lambda: now[0])
+
+    def look(at: float, fits: bool) -> bool:
+        now[0], room[0] = at, fits
+        return grow.due()
+
+    assert not look(0.0, True) and not look(GROW_AFTER_S - 1, True)
+    assert not look(GROW_AFTER_S + 1, False)  # the node went again: the wait starts over
+    assert not look(GROW_AFTER_S + 2, True) and not look(2 * GROW_AFTER_S, True)
+    assert look(2 * GROW_AFTER_S + 2, True)
+    assert agreed == [False, False, False, False, False, True]  # every look is a collective, whatever rank 0 saw
+    follower = GrowBack(lambda: pytest.fail("only rank 0 looks"), lambda value: True, rank=1, after_s=GROW_AFTER_S)
+    assert follower.due()  # rank 0's answer
 
 
 def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements():

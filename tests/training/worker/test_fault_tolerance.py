@@ -124,7 +124,7 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
             notice = {"step": 5, "at": now, "committed": True}
             attempts.child(attempt_id, goodput.STATUS_FILE).write_text(json.dumps(
                 {"notice": notice, "moved_at": now, "entered_at": now, "last_seen": now}))
-        return moved
+        return launch.MOVED if moved else None
 
     monkeypatch.setattr(launch, "_fit", fit)
     monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
@@ -170,9 +170,10 @@ def test_an_attempt_that_could_not_start_in_a_storage_outage_starts_again_once_s
 
     answers = iter([False, False, False, True])  # down as the start failed, and twice more: then back
     monkeypatch.setattr(Location, "reachable", lambda self: next(answers))
-    _starts(monkeypatch, _controller_did_not_start(), True)
+    _starts(monkeypatch, _controller_did_not_start(), launch.MOVED)
     cfg, console = make_config(str(tmp_path), str(tmp_path), "outage"), io.StringIO()
-    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console, BUDGET) is True
+    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console, BUDGET) == \
+        launch.MOVED
     assert console.getvalue().count("\n") == 1 and "the attempt did not start (OSError: When testing" in \
         console.getvalue() and "starting it again once storage answers" in console.getvalue()
 

@@ -66,6 +66,16 @@ def test_stop_at_20_and_resume_to_40_is_bitwise_identical(parallel, straight, da
     assert losses(reference) != losses(straight[parallel])  # the dropout drew from the RNG
 
 
+def test_three_ddp_ranks_resume_bitwise_though_ddp_regroups_its_buckets_after_a_first_backward(dataset_url, tmp_path):
+    """With 3 ranks a gradient all-reduce's sums depend on DDP's bucket grouping, which it changes after the first
+    backward of each process: the resumed attempt's first step would sum differently from the uninterrupted run's."""
+    three = ("parallel=ddp", "scaling.num_workers=3", DROPOUT)
+    reference = train_locally(make_config(dataset_url, str(tmp_path), "straight", *three, "train.max_steps=24"))
+    train_locally(make_config(dataset_url, str(tmp_path), "r", *three, "train.max_steps=24", "train.stop_at_step=11"))
+    resumed = train_locally(make_config(dataset_url, str(tmp_path), "r", *three, "train.max_steps=24"))
+    assert losses(resumed) == losses(reference) and resumed["param_sha256"] == reference["param_sha256"]
+
+
 def test_ddp_and_fsdp_losses_match(straight):
     assert_losses_close(losses(straight["ddp"]), losses(straight["fsdp"]), SAME_TRAINING_TOL)
 

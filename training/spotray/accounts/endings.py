@@ -1,7 +1,8 @@
 """Why each attempt ended, from evidence, never by elimination.
 
 Who records what:
-- rank 0 of the attempt: a preemption notice and an error (its ``status.json``), a finish (its ``final.json``);
+- rank 0 of the attempt: a preemption notice, an error and an end to grow back (its ``status.json``), a finish
+  (its ``final.json``);
 - the driver (``ending.json`` of the attempt): a node the attempt held that Ray or Kubernetes reports lost, with the
   reason given there; the user's stop (Ctrl-C, SIGTERM of the driver); the loss of the head; its own failure;
 - the next driver: a driver that started and never recorded its end was lost (with the head it ran on, or alone).
@@ -31,6 +32,7 @@ STOPPED = "stopped"  # the user stopped the driver
 HEAD_LOST = "head_lost"  # the Ray head stopped answering the driver
 DRIVER_FAILED = "driver_failed"  # the driver itself failed
 DRIVER_LOST = "driver_lost"  # the driver ended without a record of why: it, or the head it ran on, was lost
+RESIZE = "resize"  # ended at a committed step to restart with the whole worker group, once capacity was back
 UNKNOWN = "unknown"
 
 SPOT = frozenset({NOTICE, KILL})
@@ -38,6 +40,7 @@ PAUSES = frozenset({FINISHED, STOPPED})  # the run did not exist until someone r
 DESCRIPTIONS = {NOTICE: "spot preemption notice", KILL: "spot node lost without notice", NODE_LOST: "node lost",
                 ERROR: "error", FINISHED: "finished", STOPPED: "stopped by the user", HEAD_LOST: "Ray head lost",
                 DRIVER_FAILED: "driver failed", DRIVER_LOST: "driver or head lost (no record of why)",
+                RESIZE: "ended to grow back to the whole worker group",
                 UNKNOWN: "unknown (no record of why)"}
 SPOT_DEATHS = frozenset({"AUTOSCALER_DRAIN_PREEMPTED"})  # Ray's node death reasons that name a spot preemption
 
@@ -63,6 +66,8 @@ def of_attempt(status: dict | None, finished: bool, recorded: dict | None) -> En
         return Ending(NOTICE, f"notice at step {status['notice']['step']}")
     if status.get("error"):
         return Ending(ERROR, str(status["error"])[:200])
+    if status.get("grew"):
+        return Ending(RESIZE, f"capacity for the whole worker group was back at step {status['grew']['step']}")
     if finished:
         return Ending(FINISHED, "trained to its last step")
     if recorded:

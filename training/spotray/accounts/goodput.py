@@ -212,8 +212,8 @@ def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
     recovery = resumed_at - interrupted_at if resumed_at and not ending.pause else None
     lost = max(0, prev.last_step - cur.info.from_step)
     # Step records are written once per log interval, in the background: a kill can take the interval being
-    # trained and the one being written with it. A committed notice and a finish wrote them all.
-    unrecorded = 0 if (notice and notice["committed"]) or ending.kind == endings.FINISHED else (
+    # trained and the one being written with it. A committed notice, a finish and a resize wrote them all.
+    unrecorded = 0 if (notice and notice["committed"]) or ending.kind in (endings.FINISHED, endings.RESIZE) else (
         2 * int(prev.status_of("log_every", 1)) - 1)
     return Event(ending.kind, ending.reason, step, lost, lost + unrecorded, recovery, cur.info.from_step,
                  interrupted_at)

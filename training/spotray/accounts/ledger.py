@@ -179,6 +179,7 @@ class AttemptInfo:
     started_at: float = field(default_factory=time.time)
     nodes: list[str] = field(default_factory=list)  # the node each rank ran on (``node_records.this_node``)
     gpus_per_worker: float = 0.0
+    configured_workers: int = 0  # scaling.num_workers, which a run below it grows back to (0: not recorded)
 
 
 def write_attempt(root: Location, info: AttemptInfo) -> None:

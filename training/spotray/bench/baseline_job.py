@@ -43,7 +43,7 @@ def train_fn(job: dict) -> None:
         _unwrapped(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
         start = state["step"]
-    per_rank = cfg.per_worker_batch
+    per_rank = cfg.per_worker_batch(cfg.scaling.num_workers)
     every = cfg.checkpoint.every_steps
     assert isinstance(every, int), "the recovery bench sets a step count, not auto"
     for step in range(start + 1, cfg.train.max_steps + 1):

@@ -3,6 +3,8 @@ spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the 
 ``--fault notice``: spotray alone, seconds from the fault to the first resumed step after a preemption notice
 against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``). ``--fault both``:
 the two on one cluster, spotray's run taking its notice and kill after the kill compared with the baseline's.
+``--fault shrink``: spotray alone, a kill timed from the fault, the replacement starting at once, with
+``scaling.min_workers=1`` (the run goes on with the survivor) against without (it waits for the replacement).
 
 Each fault: once a checkpoint later than where the run last resumed exists, a worker node of a head plus 2 worker
 nodes (the cluster the previous drill left whole, or a new one) gets a notice or is SIGKILLed; for the kills compared
@@ -15,6 +17,7 @@ and S3 (a moto server on loopback), where spot training keeps them."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -72,7 +75,7 @@ class Fault:
 
 
 FROM_THE_FAULT = (Fault("notice", 0.0), Fault("kill", 0.0))  # a replacement at once: timed from the fault
-_RESUMED_LINE = re.compile(r"^spotray: RESUMED from step (\d+)", re.MULTILINE)
+_RESUMED_LINE = re.compile(r"^spotray: (?:RESUMED|SHRUNK to \d+ workers) from step (\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,8 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
            clusters: ReusedCluster) -> dict[str, dict]:
     """The baseline's ``compared`` kill (unless ``fault`` is notice), then one spotray run through its faults: the
     compared kill, the notice and the kill timed from the fault, or both."""
+    if fault == "shrink":
+        return _shrink_round(cfg_for, i, workdir, clusters)
     drills = {}
     if fault != "notice":
         cfg = cfg_for(f"baseline-{i}", 1)
@@ -230,6 +235,20 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
         else:
             drills[each.kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2),
                                  "resumed_from": resumed.from_step}
+    return drills
+
+
+def _shrink_round(cfg_for: Callable[[str, int], config.TrainConfig], i: int, workdir: str,
+                  clusters: ReusedCluster) -> dict[str, dict]:
+    """A kill with the replacement starting at once (as in ``spotray demo``), timed from the fault: a run that waits
+    for it (``kill``), then one that goes on with the survivor (``shrink``: ``scaling.min_workers=1``)."""
+    drills = {}
+    for kind, min_workers in (("kill", None), ("shrink", 1)):
+        cfg = cfg_for(f"{kind}-{i}", 1)
+        cfg = dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, min_workers=min_workers))
+        ((resumed, fault_at, _),) = interrupt(functools.partial(_spotray_job, cfg), job_log(workdir, cfg.run.name),
+                                              (Fault("kill", 0.0),), clusters)
+        drills[kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2), "resumed_from": resumed.from_step}
     return drills
 
 
@@ -251,6 +270,11 @@ def _figures(drills: dict[str, list[dict]]) -> dict:
             "recovery_ratio": round(best(spotray, "recovery_s") / best(baseline, "recovery_s"), 3),
             "recovery_ratio_median": round(median(spotray, "recovery_s") / median(baseline, "recovery_s"), 3),
             "worker_ratio": round(best(spotray, "worker_s") / best(baseline, "worker_s"), 3)})
+    if "shrink" in drills:
+        figures.update({
+            "shrink_ratio": round(best(drills["shrink"], "recovery_s") / best(drills["kill"], "recovery_s"), 3),
+            "shrink_ratio_median": round(median(drills["shrink"], "recovery_s") / median(drills["kill"], "recovery_s"),
+                                         3)})
     if "notice" in drills:
         notice, kill = drills["notice"], drills["kill"]
         figures.update({
@@ -269,7 +293,7 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
     data_url = bench_corpus(workdir)
     compared = Fault("kill", capacity_gap_s)  # spotray's against the baseline's: timed from the replacement's start
     result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
-              **({"capacity_gap_s": capacity_gap_s} if fault != "notice" else {})}
+              **({"capacity_gap_s": capacity_gap_s} if fault in ("kill", "both") else {})}
     with contextlib.ExitStack() as stack:
         for storage in storages:
             endpoint = None

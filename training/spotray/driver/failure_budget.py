@@ -38,8 +38,8 @@ class Charges:
 
 
 def charges(attempts: Location, since: float, unrecorded: int) -> Charges:
-    mine = [goodput.attempt_record(attempts, info, steps=False).ending
-            for info in ledger.read_attempts(attempts) if info.started_at >= since]
+    mine = [ending for info in ledger.read_attempts(attempts) if info.started_at >= since
+            and (ending := goodput.attempt_record(attempts, info, steps=False).ending).kind != endings.RESIZE]
     spot = sum(ending.spot for ending in mine)
     return Charges(len(mine) - spot + unrecorded, spot, mine[-1] if mine else None)
 

@@ -35,6 +35,7 @@ from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
+from spotray.driver.resize import ShrinkOnLoss
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 # end, failure and notice (a 10-step run took 33 s against 27.5 s at these). Each poll is one small call per worker.
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
+MOVED, GREW = "moved", "grew"  # an attempt that ended to be started again: on other capacity, or all workers
 
 
 def ray_train_fn(config: dict) -> None:
@@ -69,7 +71,7 @@ def ray_train_fn(config: dict) -> None:
                  if cfg.snapshot.enabled and not cfg.script.path else None)
     env = WorkerEnv(context.get_world_rank(), context.get_world_size(), ray.train.torch.get_device(),
                     ray.train.report, _preemption_deadline, lambda: group_fits(cfg.scaling, _preempted_nodes),
-                    snapshots)
+                    snapshots, lambda: group_fits(cfg.scaling, ()))
     if cfg.script.path:
         user_script.run_on_worker(cfg, env)
     else:
@@ -181,10 +183,11 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
-    other capacity). Within a fit, Ray Train restarts the workers and ``FailureBudget`` keeps the budgets."""
+    other capacity) or ended to grow back to the whole group. Within a fit, Ray Train restarts the workers,
+    ``FailureBudget`` keeps the budgets and ``ShrinkOnLoss`` sizes the restarts."""
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
-    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget):
+    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget) in (MOVED, GREW):
         why = preemptions_spent(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0))
         if why:
             raise TrainingFailed(why)
@@ -235,7 +238,7 @@ def _cluster_lost(cfg: TrainConfig, root: Location) -> ClusterLost:
 
 
 def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None,
-                                 root: Location, console: TextIO | None, budget: FailureBudget) -> bool:
+                                 root: Location, console: TextIO | None, budget: FailureBudget) -> str | None:
     """``_fit``, started again when Ray Train's controller failed to start: it writes a marker in storage as it
     starts, so an outage would otherwise end the run. Started once more at once (the outage may be over already),
     then again whenever storage answers, within checkpoint.save_failure_budget_s as for saves."""
@@ -279,9 +282,9 @@ def log_location(cfg: TrainConfig) -> Location:
     return run_root(with_absolute_paths(cfg)).child("logs", time.strftime("train-%Y%m%d-%H%M%S.log"))
 
 
-def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> bool:
-    """One Ray Train run of the loop (``cfg`` as the workers get it); True where its last attempt ended to move on
-    a preemption notice."""
+def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> str | None:
+    """One Ray Train run of the loop (``cfg`` as the workers get it); how its last attempt ended where it ended to
+    be started again (``MOVED`` on a notice, ``GREW`` back), else None."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
@@ -299,7 +302,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
             storage_path=storage.path,
             storage_filesystem=storage.fs,
             failure_config=failure_config(),
-            callbacks=[budget],  # type: ignore[list-item]  # Ray runs a ControllerCallback given here too
+            # Ray runs a ControllerCallback given here too
+            callbacks=[budget, ShrinkOnLoss(cfg.scaling)],  # type: ignore[list-item]
             worker_runtime_env=runtime_env,
         ),
     )
@@ -307,7 +311,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
         trainer.fit()
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
-    return bool(last) and bool((goodput.read_status(attempts, last[0].attempt_id) or {}).get("moved_at"))
+    status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
+    return GREW if status.get("grew") else MOVED if status.get("moved_at") else None
 
 
 @contextlib.contextmanager

@@ -1,11 +1,13 @@
 """What the Ray cluster can hold: whether Ray has placed the worker group and what it waits for while it has not (a
-spot pool provisioning a node leaves the run with nothing to show for minutes, and the console says why), and
-whether the group fits on nodes other than those being preempted."""
+spot pool provisioning a node leaves the run with nothing to show for minutes, and the console says why), whether
+the group fits on nodes other than those being preempted, and how many workers fit on nodes other than lost ones."""
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
 from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ray
@@ -13,6 +15,7 @@ import ray
 from spotray.config import ScalingSection
 
 _WAITING = {"PENDING", "RESCHEDULING"}
+PROBE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ def worker_group_placement(scaling: ScalingSection) -> Placement | None:
     while there is none (before the first attempt, between attempts)."""
     bundle = scaling.worker_resources
     states = {group["state"] for group in ray.util.placement_group_table().values()
-              if len(group["bundles"]) == scaling.num_workers
+              if scaling.fewest_workers <= len(group["bundles"]) <= scaling.num_workers
               and all(_same(resources, bundle) for resources in group["bundles"].values())}
     if states & _WAITING:
         return Placement(False, _waiting_for(scaling))
@@ -55,6 +58,35 @@ def group_fits(scaling: ScalingSection, excluding: Collection[str]) -> bool:
     for resources in _node_resources(excluding):
         totals.update(resources)
     return _holds(totals, {name: amount * scaling.num_workers for name, amount in scaling.worker_resources.items()})
+
+
+def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int:
+    """How many workers the alive nodes but ``excluding`` hold (their totals: a failed group's share on them frees
+    up as it ends), at most ``num_workers``."""
+    bundle = scaling.worker_resources
+    return min(scaling.num_workers, sum(min(int(node.get(name, 0.0) // amount) for name, amount in bundle.items())
+                                        for node in _node_resources(excluding)))
+
+
+def unreachable_nodes(node_ids: Collection[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
+    """The nodes among ``node_ids`` that are gone: marked dead by Ray, or whose raylet does not take a connection
+    (a killed node's port refuses at once, a vanished machine's does not answer). Ray itself marks a node dead only
+    after about 15 s of failed health checks; this asks now."""
+    table = {node["NodeID"]: node for node in ray.nodes()}
+
+    def gone(node_id: str) -> bool:
+        node = table.get(node_id)
+        if node is None or not node["Alive"]:
+            return True
+        try:
+            with socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s):
+                return False
+        except OSError:
+            return True
+
+    ids = sorted(set(node_ids))
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ids)))) as pool:
+        return tuple(node for node, lost in zip(ids, pool.map(gone, ids), strict=True) if lost)
 
 
 def _node_resources(excluding: Collection[str] = ()) -> list[dict]:

@@ -138,6 +138,13 @@ class ProgressMonitor:
             return
         if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
             self._event(f"CONTINUING from step {event.resumed_from} on {cur.world_size} workers, {_lost(event)}")
+        elif event.kind == endings.RESIZE:
+            self._event(f"GREW to {cur.world_size} workers from step {event.resumed_from}: capacity for the whole "
+                        f"group was back; {event.recovery_s:.1f}s from the last step, {_lost(event)}")
+        elif cur.world_size < prev.world_size:
+            self._event(f"SHRUNK to {cur.world_size} workers from step {event.resumed_from}: the lost node's "
+                        f"workers had nowhere to go; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
+                        "growing back when capacity returns")
         else:
             self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
                         f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
@@ -188,7 +195,7 @@ class ProgressMonitor:
 
 def _ending_line(event: goodput.Event) -> str | None:
     """How an attempt ended, in one line (a notice has its own lines, from the attempt itself)."""
-    if event.kind == endings.NOTICE:
+    if event.kind in (endings.NOTICE, endings.RESIZE):  # they have their own lines
         return None
     if event.kind == endings.ERROR:
         return f"FAILURE at step {event.step}: {event.reason}"

@@ -78,6 +78,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "memory": _memory(attempts_root, records),
         "checkpoints": [_checkpoint(c, now) for c in committed],
         "snapshot": records[-1].status_of("snapshot", None) if records else None,
+        "workers": _workers(records[-1].info) if records else None,
         "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
         "endings": time_split["events"],
@@ -174,6 +175,17 @@ def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
             "format": checkpoint.format}
 
 
+def _workers(newest: ledger.AttemptInfo) -> dict:
+    return {"now": newest.world_size, "configured": newest.configured_workers or newest.world_size}
+
+
+def _workers_text(workers: dict) -> str:
+    text = f"{workers['now']} of {workers['configured']}"
+    if workers["now"] < workers["configured"]:
+        text += " (shrunk after a lost node: it grows back when capacity returns)"
+    return text
+
+
 def _set_aside(record: dict) -> dict:
     return {key: record[key] for key in ("step", "url", "reason", "resumed_from")}
 
@@ -191,6 +203,7 @@ def format_text(status: dict) -> str:
         f"state        {_state_text(status)}",
         f"progress     {_progress_text(status)}",
         f"val loss     {_val_loss_text(status)}",
+        *([f"workers      {_workers_text(status['workers'])}"] if status["workers"] else []),
         f"memory       {_memory_text(status['memory'])}",
         f"checkpoints  {_checkpoints_text(status['checkpoints'])}",
         *([f"snapshots    {_snapshot_text(status['snapshot'])}"] if status["snapshot"] else []),

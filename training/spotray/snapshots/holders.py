@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -16,7 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotray.checkpoints.dcp import COMMIT_MARKER, METADATA, all_gather_objects
-from spotray.snapshots.memfs import HolderFileSystem, HolderGone, HolderRing, under
+from spotray.snapshots.memfs import HolderFileSystem, HolderFull, HolderGone, HolderRing, under
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class RayHolder:
     def put(self, path: str, data: bytes) -> None:
         refused = self._call(self.actor.refusal, path, len(data)) or self._call(self.actor.put, path, data)
         if refused:
-            raise OSError(f"the snapshot holder on node {self.node} refused {path}: {refused}")
+            raise HolderFull(self.node, f"the snapshot holder on node {self.node} refused {path}: {refused}")
 
     def get(self, path: str) -> bytes | None:
         return self._call(self.actor.get, path)
@@ -127,16 +128,24 @@ def snapshot_root(run_url: str, max_bytes: int | None) -> Location:
 
 
 def remove_holders(run_url: str) -> int:
-    """Ends the run's holders, wherever they are; returns how many."""
-    prefix = holder_prefix(run_url)
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)]
+    """Ends the run's holders, wherever they are, and returns how many once their names are free: an attempt
+    started right after must start new holders, never find one that is being killed."""
+    names = _holder_names(run_url)
     for name in names:
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
         except ValueError:  # gone meanwhile
             continue
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while _holder_names(run_url) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return len(names)
+
+
+def _holder_names(run_url: str) -> list[str]:
+    prefix = holder_prefix(run_url)
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix)]
 
 
 def node_room_bytes() -> int:

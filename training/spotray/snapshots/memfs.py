@@ -17,8 +17,8 @@ import pyarrow.fs as pafs
 
 
 class Holder(Protocol):
-    """One node's snapshot memory. ``put`` raises OSError where the holder refuses (no room) or is gone; the
-    reads raise ``HolderGone`` where it is gone."""
+    """One node's snapshot memory. ``put`` raises ``HolderFull`` where the holder refuses (no room); every call
+    raises ``HolderGone`` where it is gone."""
 
     node: str
 
@@ -39,19 +39,38 @@ class HolderGone(OSError):
     """A holder did not answer: its node is gone, and its files with it."""
 
 
+class HolderFull(OSError):
+    """A holder refused a file: its node has no room for it."""
+
+    def __init__(self, node: str, message: str):
+        super().__init__(message)
+        self.node = node
+
+
 class HolderRing:
     """The holders a rank writes to and reads from. ``ring``: one holder per node, in ring order; ``own``: the
-    index of this rank's node; ``everywhere``: file names every holder gets."""
+    index of this rank's node; ``everywhere``: file names every holder gets. A node ``excluded`` for want of room
+    holds nothing: its ranks' files go to the next two nodes that hold, so that losing any one node still leaves a
+    copy. ``refused``: the nodes that refused this rank a file since the ring was last told (``exclude``)."""
 
     def __init__(self, ring: list[Holder], own: int, everywhere: frozenset[str]):
         if not ring:
             raise ValueError("a snapshot ring needs at least one holder")
         self.ring, self.own, self.everywhere = ring, own, everywhere
+        self.excluded: set[str] = set()
+        self.refused: set[str] = set()
 
     def targets(self, path: str) -> list[Holder]:
-        if posixpath.basename(path) in self.everywhere:
-            return list(self.ring)
-        return list(dict.fromkeys([self.ring[self.own], self.ring[(self.own + 1) % len(self.ring)]]))
+        holding = [holder for holder in self.readers() if holder.node not in self.excluded]
+        return holding if posixpath.basename(path) in self.everywhere else holding[:2]
+
+    def exclude(self, nodes: set[str]) -> bool:
+        """Stops writing to ``nodes``; False (and nothing changes) where no node would be left to hold."""
+        self.refused.clear()
+        if not {holder.node for holder in self.ring} - self.excluded - nodes:
+            return False
+        self.excluded |= nodes
+        return True
 
     def readers(self) -> list[Holder]:
         """This rank's node first, then the others in ring order."""
@@ -129,7 +148,7 @@ class HolderFileSystem(pafs.FileSystemHandler):
         raise FileNotFoundError(path)
 
     def open_output_stream(self, path: str, metadata) -> pa.NativeFile:
-        return pa.PythonFile(_Upload(self.holders.targets(path), path), mode="w")
+        return pa.PythonFile(_Upload(self.holders, path), mode="w")
 
     def open_append_stream(self, path: str, metadata) -> pa.NativeFile:
         raise NotImplementedError("snapshot files are written whole")
@@ -173,7 +192,7 @@ class HolderFileSystem(pafs.FileSystemHandler):
 class _Upload(io.BytesIO):
     """A file being written: it reaches its holders whole when closed, as an object reaches S3."""
 
-    def __init__(self, holders: list[Holder], path: str):
+    def __init__(self, holders: HolderRing, path: str):
         super().__init__()
         self.holders, self.path = holders, path
 
@@ -182,10 +201,20 @@ class _Upload(io.BytesIO):
             return
         try:
             data = self.getvalue()
-            for holder in self.holders:
-                holder.put(self.path, data)
+            for holder in self.holders.targets(self.path):
+                try:
+                    holder.put(self.path, data)
+                except HolderFull:
+                    self.holders.refused.add(holder.node)
+                    raise
         finally:
             super().close()
+
+
+def holder_ring(location) -> HolderRing | None:
+    """The ring under a snapshot root; None for any other location."""
+    handler = getattr(location.fs, "handler", None)
+    return handler.holders if isinstance(handler, HolderFileSystem) else None
 
 
 def holder_usage(location) -> dict[str, tuple[int, int]]:

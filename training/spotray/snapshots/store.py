@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from spotray.checkpoints.dcp import Checkpointer, CommittedCheckpoint, first_line
-from spotray.snapshots.memfs import holder_usage
+from spotray.checkpoints.dcp import Checkpointer, CommittedCheckpoint, all_gather_objects, first_line
+from spotray.snapshots.memfs import holder_ring, holder_usage
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)
@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 
 class Snapshots(Checkpointer):
     """The run's snapshots for one attempt (every rank has one): the newest is kept, each saved asynchronously. A
-    snapshot that fails turns them off for the attempt, with one warning: checkpoints go on as before."""
+    node without room for one is left out of the ring, with one warning; a snapshot that fails otherwise turns them
+    off for the attempt, with one warning: checkpoints go on as before."""
 
     def __init__(self, root: Location, *, rank: int, world_size: int, attempt_id: str):
         super().__init__(root, rank=rank, world_size=world_size, keep_last=1, async_save=True, attempt_id=attempt_id)
@@ -32,7 +33,17 @@ class Snapshots(Checkpointer):
         return previous
 
     def _failed(self, step: int, exc: BaseException) -> None:
+        """Every rank sees the failure at once (DCP's rule), so they agree here which nodes ran out of room: those
+        hold no snapshots from now on where others still can; otherwise snapshots are off for the attempt."""
         self._discard(step)
+        ring = holder_ring(self.root)
+        full = set().union(*all_gather_objects(sorted(ring.refused), self.group)) if ring else set()
+        if full and ring is not None and ring.exclude(full):
+            if self.rank == 0:
+                log.warning("node %s has no room for the snapshot of step %d (%s): it holds no snapshots from now "
+                            "on; its ranks' parts go to the next nodes", ", ".join(sorted(full)), step,
+                            first_line(exc))
+            return
         self.off = f"the snapshot of step {step} failed ({first_line(exc)})"
         if self.rank == 0:
             log.warning("%s: snapshots are off for this attempt; checkpoints go on", self.off)

@@ -55,7 +55,7 @@ class Evaluator:
         check_samples(cfg, dataset)
         self.metrics, self.dataset, self.device = default_metrics(task), dataset, device
         self.bf16 = cfg.train.dtype == "bfloat16"
-        micro = cfg.train.micro_batch_size or cfg.per_worker_batch
+        micro = cfg.train.micro_batch_size or cfg.per_worker_batch(world_size)
         self.batches = rank_batches(sample_ids(len(dataset), cfg.eval.samples), rank, world_size, micro)
         self.filler = [0]  # what a rank without ids left evaluates, and discards
 

@@ -22,7 +22,7 @@ def _no_preemption() -> float | None:
     return None
 
 
-def _no_capacity_elsewhere() -> bool:
+def _no_capacity() -> bool:
     return False
 
 
@@ -37,9 +37,11 @@ class WorkerEnv:
     # UNIX time by which this worker group will be preempted, or None. A collective: every rank calls it alike.
     preemption_deadline: Callable[[], float | None] = _no_preemption
     # Whether the worker group would fit on nodes that are not being preempted (asked by rank 0 after a notice).
-    capacity_elsewhere: Callable[[], bool] = _no_capacity_elsewhere
+    capacity_elsewhere: Callable[[], bool] = _no_capacity
     # Where this attempt keeps its in-memory snapshots (the holders on the run's nodes), or None: no snapshots.
     snapshot_root: Location | None = None
+    # Whether the whole worker group (scaling.num_workers) would fit now, for a group below it (asked by rank 0).
+    whole_group_fits: Callable[[], bool] = _no_capacity
 
 
 def run_root(cfg: TrainConfig) -> Location:
@@ -61,9 +63,10 @@ class Records:
 
 def open_records(cfg: TrainConfig, env: WorkerEnv, root: Location, attempt_id: str, from_step: int) -> Records:
     """The attempt's records; every rank names its node (a collective)."""
-    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch,
+    attempt = ledger.AttemptInfo(attempt_id, from_step, env.world_size, cfg.per_worker_batch(env.world_size),
                                  nodes=all_gather_objects(this_node(), None),
-                                 gpus_per_worker=cfg.scaling.worker_resources.get("GPU", 0))
+                                 gpus_per_worker=cfg.scaling.worker_resources.get("GPU", 0),
+                                 configured_workers=cfg.scaling.num_workers)
     attempts_root = root.child("attempts")
     writer = ledger.RecordWriter()
     audit = None

@@ -196,6 +196,26 @@ def move_or_wait(deadline: float, step: int, agree: Callable, rank: int, capacit
     return False
 
 
+class GrowBack:
+    """Whether a run below ``scaling.num_workers`` grows back now. Rank 0 looks at the cluster (``fits``: the whole
+    group would fit) when asked, at committed steps; the run grows once it has seen room at every look for
+    ``after_s`` (``scaling.grow_after_s``). A node that comes and goes within that never ends an attempt, and a run
+    only ever shrinks after a loss: the size cannot flap. A collective: every rank asks alike and follows rank 0."""
+
+    def __init__(self, fits: Callable[[], bool], agree: Callable, rank: int, after_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.fits, self.agree, self.rank, self.after_s, self.clock = fits, agree, rank, after_s, clock
+        self.fits_since: float | None = None
+
+    def due(self) -> bool:
+        ready = False
+        if self.rank == 0:
+            now = self.clock()
+            self.fits_since = (self.fits_since if self.fits_since is not None else now) if self.fits() else None
+            ready = self.fits_since is not None and now - self.fits_since >= self.after_s
+        return bool(self.agree(ready))
+
+
 def slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float]:
     """Each value's maximum over the ranks, so that every rank computes the same interval."""
     import torch  # here, not above: `spotray estimate` reads the interval rule (interval_steps) without torch

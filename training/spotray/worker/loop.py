@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from spotray.accounts import ledger
 from spotray.checkpoints.dcp import (
@@ -44,6 +45,7 @@ from spotray.worker import memory
 from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.worker.cadence import (
     Cadence,
+    GrowBack,
     SnapshotInterval,
     move_or_wait,
     nominal_every_steps,
@@ -56,6 +58,10 @@ log = logging.getLogger(__name__)
 
 class MovedOnNotice(Exception):  # noqa: N818 - an outcome, not an error
     """The attempt committed its emergency checkpoint and ends so that the run restarts on other capacity."""
+
+
+class GrowingBack(Exception):  # noqa: N818 - an outcome, not an error
+    """The attempt, below scaling.num_workers, committed its step and ends so that the whole group restarts."""
 
 
 class ModelOptimState:
@@ -115,15 +121,18 @@ class _StepRunner:
 
     def __init__(self, cfg: TrainConfig, task: Task, model, optimizer, scheduler, env: WorkerEnv):
         self.task, self.model, self.optimizer, self.scheduler, self.env = task, model, optimizer, scheduler, env
-        self.micro = cfg.train.micro_batch_size or cfg.per_worker_batch
+        self.micro = cfg.train.micro_batch_size or cfg.per_worker_batch(env.world_size)
         self.clip = cfg.train.grad_clip
         self.bf16 = cfg.train.dtype == "bfloat16"
         # Each rank's loss sum is scaled so that the data-parallel gradient average equals the gradient of the mean
         # loss over the whole global batch, whatever the world size: the task's per-step denominator is constant.
         self.scale = env.world_size / (cfg.train.global_batch_size * task.units_per_sample)
+        self.unsettled = isinstance(model, DistributedDataParallel) and env.world_size > 2
 
     def __call__(self, batch) -> StepResult:
         chunks = split(to_device(batch, self.env.device), self.micro)
+        if self.unsettled:
+            self._settle_buckets(chunks[0])
         loss_sum, units = torch.zeros((), device=self.env.device), 0
         for i, chunk in enumerate(chunks):
             with gradient_sync(self.model, enabled=i == len(chunks) - 1):
@@ -138,6 +147,19 @@ class _StepRunner:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return StepResult(loss_sum, units, grad_norm, lr)
+
+    def _settle_buckets(self, chunk) -> None:
+        """DDP regroups its gradient buckets after its first synchronised backward, and with more than 2 ranks the
+        all-reduce's sums depend on the grouping (2 summands add alike in any order). One zero-weighted backward at
+        the start of every attempt gives every step the regrouped buckets, so that a resumed run sums as the
+        uninterrupted one did: bitwise. It draws nothing from the random generators and leaves no gradient."""
+        self.unsettled = False
+        devices = [self.env.device] if self.env.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.autocast(self.env.device.type, dtype=torch.bfloat16,
+                                                                      enabled=self.bf16):
+            loss, _ = self.task.loss(self.model, chunk)
+        (loss * 0.0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _grad_norm(self) -> torch.Tensor:
         """The global gradient norm (clipped to ``train.grad_clip`` where set), not synchronised to the host."""
@@ -250,12 +272,12 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     telemetry.started(restore_started - entered_at, restore_s, from_snapshot=from_snapshot)
     try:
         return _StepLoop(cfg, env, parts, checkpointer, records, telemetry, snapshots).run()
-    except MovedOnNotice as moved:
+    except (MovedOnNotice, GrowingBack) as ended:
         checkpointer.close()
         if snapshots is not None:
             snapshots.close()
         records.writer.close(timeout_s=30)
-        return {"moved_on_notice": True, "final_step": moved.args[0]}
+        return {"ended_to_restart": type(ended).__name__, "final_step": ended.args[0]}
     except (torch.OutOfMemoryError, MemoryError):
         log.exception("rank %d ran out of memory", env.rank)
         error = OutOfMemory(f"rank {env.rank} ran out of memory ({memory.describe(memory.this_rank(env.device))}): "
@@ -348,6 +370,8 @@ class _StepLoop:
         self.evaluator = (Evaluator(cfg, parts.task, open_val_dataset(parts.task), env.rank, env.world_size,
                                     env.device) if cfg.evaluates else None)
         self.val_losses: dict[int, float | None] = {}  # this attempt's evaluations, for the checkpoints' commit markers
+        self.grow_back = (GrowBack(env.whole_group_fits, checkpointer.agree, env.rank, cfg.scaling.grow_after_s)
+                          if env.world_size < cfg.scaling.num_workers else None)
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -358,10 +382,13 @@ class _StepLoop:
             saving = self.cadence.save_due(step, self.checkpointer.retry_due(step))
             if self._eval_due(step, saving):
                 self._evaluate(step)
+            snapshotting = not saving and self._snapshot_due(step)
             if saving:
                 self._checkpoint(step)
-            elif self._snapshot_due(step):
+            elif snapshotting:
                 self._snapshot(step)
+            if (saving or snapshotting) and self.grow_back is not None and self.grow_back.due():
+                self._grow_back(step, self.checkpointer if saving else self.snapshots)
             self._check_preemption(step)
         self._commit_final()
         return self._finish()
@@ -446,6 +473,18 @@ class _StepLoop:
         measured = (blocked, self.snapshots.last_save_s or blocked, self._mean_step_s())
         self.snapshot_interval.taken(step, *(slowest_rank(measured, self.env.device) if self.snapshot_interval.auto
                                              else measured))
+
+    def _grow_back(self, step: int, store: Checkpointer | None) -> None:
+        """Ends the attempt once ``step`` (just saved to ``store``) is committed: the whole group restarts from it
+        and loses no step. A save that fails leaves it to the next committed step."""
+        assert store is not None  # a snapshot was taken
+        if store.ensure_saved(step, self.parts.state) is None:
+            return
+        self.telemetry.grew(step, time.time())
+        if self.env.rank == 0:
+            log.info("capacity for all %d workers is back: step %d is committed, restarting with them",
+                     self.cfg.scaling.num_workers, step)
+        raise GrowingBack(step)
 
     def _mean_step_s(self) -> float:
         return self.timed_seconds / self.timed_steps if self.timed_steps else self.last_step_s

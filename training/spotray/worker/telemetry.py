@@ -169,6 +169,9 @@ class Telemetry:
     def moved(self, at: float) -> None:
         """After its emergency checkpoint the attempt ends at ``at`` to restart on other capacity."""
 
+    def grew(self, step: int, at: float) -> None:
+        """The attempt ends at ``at``, its ``step`` committed, to restart with the whole worker group."""
+
     def failed(self, exc: BaseException) -> None:
         """The attempt ends with ``exc``."""
 
@@ -296,6 +299,10 @@ class RankZeroTelemetry(Telemetry):
 
     def moved(self, at: float) -> None:
         self.clock.update(moved_at=at)
+        self.clock.flush()
+
+    def grew(self, step: int, at: float) -> None:
+        self.clock.update(grew={"step": step, "at": at})
         self.clock.flush()
 
     def failed(self, exc: BaseException) -> None:

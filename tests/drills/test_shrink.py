@@ -1,0 +1,46 @@
+"""Going on with the survivors on a real local Ray cluster of a head and 3 worker nodes: a node killed with no
+replacement shrinks the run at once to the 2 workers that fit; a node that joins later grows it back to 3 at a
+committed step. Every sample is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from spotray.accounts import goodput
+from spotray.storage import resolve
+from tests.drills.test_preemption import (
+    attempts_and_last_steps,
+    finish,
+    start_training,
+    wait_for_checkpoint,
+    wait_until,
+)
+
+pytestmark = pytest.mark.cluster
+
+STEPS = 300
+
+
+def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_grows_it_back(three_workers, dataset_url,
+                                                                                        tmp_path):
+    cluster = three_workers
+    driver = start_training(dataset_url, tmp_path, cluster, "scaling.num_workers=3", "scaling.min_workers=2",
+                            "scaling.grow_after_s=3", "snapshot.every_steps=3", f"train.max_steps={STEPS}")
+    log = tmp_path / "driver.log"
+    wait_for_checkpoint(tmp_path, 20, driver)
+    time.sleep(0.8)
+    cluster.kill(cluster.nodes[-1])
+    wait_until(lambda: "SHRUNK to 2 workers" in log.read_text(), "the run shrinking", tmp_path, driver)
+    cluster.add_node()
+    wait_until(lambda: "GREW to 3 workers" in log.read_text(), "the run growing back", tmp_path, driver)
+    summary = finish(driver, tmp_path)
+    assert summary["final_step"] == STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
+    assert [a.info.world_size for a in attempts] == [3, 2, 3]
+    assert [a.ending.kind for a in attempts[:2]] == ["kill", "resize"]
+    (first_last, _), (shrunk_from, shrunk_last), (grown_from, _) = attempts_and_last_steps(tmp_path)
+    assert shrunk_from % 20 != 0 and first_last - shrunk_from <= 6  # from a snapshot of the 3 workers
+    assert grown_from == shrunk_last  # growing loses no step
+    assert summary["spot_interruptions"] == 1, summary  # the resize is none

@@ -1,0 +1,91 @@
+"""Going on with the survivors: the size Ray Train's restart of a failed worker group takes, decided from which of
+its nodes still answer, and the restart kept off the others."""
+
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
+from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
+
+from spotray.config import ScalingSection
+from spotray.driver import placement, resize
+from spotray.driver.placement import unreachable_nodes
+from spotray.driver.resize import ShrinkOnLoss
+
+FAILED = RestartingState(WorkerGroupError("rank 0: gloo: Connection reset by peer", {}))
+SHRINKS = ScalingSection(num_workers=4, min_workers=2)
+
+
+def started(callback: ShrinkOnLoss, nodes=("node-a", "node-b", "node-c", "node-d")) -> ShrinkOnLoss:
+    workers = [SimpleNamespace(metadata=SimpleNamespace(node_id=node)) for node in nodes]
+    callback.after_worker_group_start(SimpleNamespace(get_workers=lambda: workers))
+    return callback
+
+
+def restart(callback: ShrinkOnLoss, state=FAILED) -> int:
+    """The size of the restart Ray Train is about to make (its own decision: the configured size)."""
+    callback.after_controller_state_update(None, state)
+    decision = ResizeDecision(num_workers=4, resources_per_worker={"CPU": 1})
+    callback.before_controller_execute_resize_decision(decision)
+    return decision.num_workers
+
+
+def test_a_node_is_gone_when_ray_marked_it_dead_or_its_raylet_takes_no_connection(monkeypatch):
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        answering = listening.getsockname()[1]
+        with socket.create_server(("127.0.0.1", 0)) as closed:
+            refusing = closed.getsockname()[1]
+        nodes = [{"NodeID": "alive", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": answering},
+                 {"NodeID": "killed", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": refusing},
+                 {"NodeID": "dead", "Alive": False, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": answering}]
+        monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
+        assert unreachable_nodes(["alive", "killed", "dead", "unknown"]) == ("dead", "killed", "unknown")
+        assert unreachable_nodes(["alive"]) == ()
+
+
+@pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])
+def test_a_loss_the_whole_group_no_longer_fits_restarts_with_the_workers_that_do_down_to_min_workers(
+        monkeypatch, fit, restart_with):
+    """4 fit: a replacement is there; 1: too few, Ray's restart waits for capacity as without min_workers."""
+    asked: list[list[str]] = []
+
+    def unreachable(nodes) -> tuple[str, ...]:
+        asked.append(sorted(nodes))
+        return ("node-c",)
+
+    monkeypatch.setattr(resize, "unreachable_nodes", unreachable)
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
+    callback = started(ShrinkOnLoss(SHRINKS))
+    assert restart(callback) == restart_with and callback.workers == restart_with
+    assert asked == [["node-a", "node-b", "node-c", "node-d"]]
+    assert callback.on_controller_start_worker_group(scaling_config=None, num_workers=restart_with) == {
+        "ray.io/node-id": "!in(node-c)"}  # Ray may list the killed node as alive for 15 s more
+
+
+def test_a_shrunk_group_grows_on_its_next_restart_where_the_whole_group_fits_and_keeps_off_every_lost_node(
+        monkeypatch):
+    lost = iter([("node-c",), ("node-a",)])
+    monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: next(lost))
+    fits = iter([3, 4])
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: next(fits))
+    callback = started(ShrinkOnLoss(SHRINKS))
+    assert restart(callback) == 3
+    started(callback, ("node-a", "node-b", "node-d"))
+    assert restart(callback) == 4  # two replacements joined meanwhile
+    assert callback.avoid == ("node-a", "node-c")
+
+
+def test_without_min_workers_a_lost_node_or_a_worker_groups_failure_nothing_changes(monkeypatch):
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: 1)
+    monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: ("node-c",))
+    assert restart(started(ShrinkOnLoss(ScalingSection(num_workers=4)))) == 4
+    shrinking = started(ShrinkOnLoss(ScalingSection(num_workers=4, min_workers=1)))
+    assert restart(shrinking, RunningState()) == 4
+    assert restart(shrinking, RestartingState(ControllerError(RuntimeError("start timed out")))) == 4
+    monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: ())  # a worker's own error: every node answers
+    assert restart(shrinking) == 4
+    assert shrinking.on_controller_start_worker_group(scaling_config=None, num_workers=4) is None

@@ -1,0 +1,53 @@
+"""Going on with the survivors (``scaling.min_workers``): when a worker group fails because nodes were lost and the
+whole group no longer fits on the nodes left, Ray Train restarts it at once with the workers that fit instead of
+waiting for replacements; the run grows back later (the loop ends an attempt for that at a committed step, and the
+driver starts the whole group again).
+
+Ray Train's own elastic sizing decides from the autoscaling coordinator's node list, which learns of a lost node
+only after the GCS has marked it dead (about 15 s) and on a 20 s tick. spotray decides as Ray Train reports the
+failure (the survivors' collectives fail first), asking each of the group's nodes whether its raylet still answers,
+and sets the size of the restart Ray is about to make (``before_controller_execute_resize_decision``), its placement
+steered off the lost nodes, which Ray may still list as alive."""
+
+from __future__ import annotations
+
+from ray.train import WorkerGroupError
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.controller.state import RestartingState
+from ray.util.placement_group import NODE_ID_LABEL_KEY
+
+from spotray.config import ScalingSection
+from spotray.driver.placement import unreachable_nodes, workers_that_fit
+
+
+class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
+    """Within one fit (which starts with all ``num_workers``): the size of each restart after a worker group
+    failure (``workers``: the current one), and the group kept off the nodes taken as lost."""
+
+    def __init__(self, scaling: ScalingSection):
+        self.scaling, self.workers = scaling, scaling.num_workers
+        self.avoid: tuple[str, ...] = ()
+        self._nodes: set[str] = set()  # the running group's
+        self._restart_with: int | None = None
+
+    def after_worker_group_start(self, worker_group) -> None:
+        self._nodes = {worker.metadata.node_id for worker in worker_group.get_workers()}
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        if (not isinstance(current_state, RestartingState) or self.scaling.fewest_workers == self.scaling.num_workers
+                or not isinstance(current_state.training_failed_error, WorkerGroupError)):
+            return
+        lost = unreachable_nodes(self._nodes)
+        if not lost:
+            return
+        self.avoid = tuple(sorted({*self.avoid, *lost}))
+        fit = workers_that_fit(self.scaling, excluding=self.avoid)
+        self._restart_with = fit if fit != self.workers and fit >= self.scaling.fewest_workers else None
+
+    def before_controller_execute_resize_decision(self, resize_decision) -> None:
+        if self._restart_with is not None:
+            resize_decision.num_workers = self.workers = self._restart_with
+            self._restart_with = None
+
+    def on_controller_start_worker_group(self, *, scaling_config, num_workers: int) -> dict[str, str] | None:
+        return {NODE_ID_LABEL_KEY: f"!in({','.join(self.avoid)})"} if self.avoid else None
