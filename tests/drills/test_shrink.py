@@ -4,8 +4,6 @@ committed step. Every sample is trained once; a run that shrinks is not bitwise 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from spotray.accounts import goodput
@@ -17,6 +15,7 @@ from tests.drills.test_preemption import (
     wait_for_checkpoint,
     wait_until,
 )
+from tests.drills.test_snapshots import past_the_checkpoint
 
 pytestmark = pytest.mark.cluster
 
@@ -30,7 +29,7 @@ def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_gro
                             "scaling.grow_after_s=3", "snapshot.every_steps=3", f"train.max_steps={STEPS}")
     log = tmp_path / "driver.log"
     wait_for_checkpoint(tmp_path, 20, driver)
-    time.sleep(0.8)
+    past_the_checkpoint(tmp_path)
     cluster.kill(cluster.nodes[-1])
     wait_until(lambda: "SHRUNK to 2 workers" in log.read_text(), "the run shrinking", tmp_path, driver)
     cluster.add_node()

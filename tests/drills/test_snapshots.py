@@ -12,7 +12,7 @@ import time
 import pytest
 
 from spotray import config
-from spotray.accounts import goodput
+from spotray.accounts import goodput, ledger
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve
@@ -30,8 +30,18 @@ def snapshot_drill(cluster: LocalCluster, dataset_url: str, tmp_path, inject, pa
                      f"parallel={parallel}", f"scaling.num_workers={WORKERS}")
 
 
-def past_the_checkpoint() -> None:
-    time.sleep(0.8)  # a few snapshots past the checkpoint of step 20, before the next one
+def past_the_checkpoint(tmp_path, timeout_s: float = 120) -> None:
+    """Until the run's status shows a snapshot committed past the checkpoint of step 20 (a loaded machine trains
+    slower than any fixed wait assumes)."""
+    attempts = resolve(f"{tmp_path}/ckpt").child("drill", "attempts")
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        newest = ledger.read_attempts(attempts)[-1:]
+        status = (goodput.read_status(attempts, newest[0].attempt_id) if newest else None) or {}
+        if (status.get("snapshot") or {}).get("step", 0) > 20:
+            return
+        time.sleep(0.1)
+    pytest.fail("no snapshot past the checkpoint of step 20 committed")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -45,7 +55,7 @@ def test_a_kill_resumes_from_the_survivors_snapshot_bitwise_reading_no_checkpoin
     cluster = three_workers
 
     def kill(node):
-        past_the_checkpoint()
+        past_the_checkpoint(tmp_path)
         cluster.kill(node)
 
     first_last, second_from = snapshot_drill(cluster, dataset_url, tmp_path, kill, parallel)
@@ -73,7 +83,7 @@ def test_two_nodes_lost_at_once_take_both_copies_of_a_part_and_the_run_falls_bac
     cluster = three_workers
 
     def kill_two(node):
-        past_the_checkpoint()
+        past_the_checkpoint(tmp_path)
         neighbour = [n for n in cluster.nodes[1:] if n.alive and n is not node][-1]
         cluster.kill(node)
         cluster.kill(neighbour)
@@ -110,7 +120,7 @@ def test_a_corrupted_snapshot_is_never_restored(three_workers, dataset_url, tmp_
     cluster = three_workers
 
     def kill_and_corrupt(node):
-        past_the_checkpoint()
+        past_the_checkpoint(tmp_path)
         cluster.kill(node)
         corrupted = subprocess.run([sys.executable, "-c", CORRUPT_SNAPSHOTS], capture_output=True, text=True,
                                    env={**cluster.node_env(), "RAY_ADDRESS": cluster.address}, timeout=120)
