@@ -5,7 +5,6 @@ the group fits on nodes other than those being preempted, and how many workers f
 from __future__ import annotations
 
 import socket
-from collections import Counter
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,12 +51,8 @@ def _waiting_for(scaling: ScalingSection) -> str:
 
 
 def group_fits(scaling: ScalingSection, excluding: Collection[str]) -> bool:
-    """Whether the alive nodes but ``excluding`` have the resources of the whole worker group (their totals: the
-    group's own share on them frees up when its attempt ends)."""
-    totals: Counter = Counter()
-    for resources in _node_resources(excluding):
-        totals.update(resources)
-    return _holds(totals, {name: amount * scaling.num_workers for name, amount in scaling.worker_resources.items()})
+    """Whether the alive nodes but ``excluding`` hold the whole worker group."""
+    return workers_that_fit(scaling, excluding) >= scaling.num_workers
 
 
 def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int:
