@@ -23,7 +23,8 @@ SAVES = {"failed": [60], "committed": [80, 90, 100]}  # a save failed in the out
 
 def test_each_check_fails_on_what_it_guards():
     events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
-    faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0, "committed_during": [50]}]
+    faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0, "committed_during": [50],
+                                                     "whole_during": [50]}]
     good = soak_checks(RUN, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100, SAVES)
     assert all(good.values())
     assert not soak_checks(RUN, {"param_sha256": "b"}, events, faults, [], 4, 100, SAVES)[
@@ -48,19 +49,22 @@ def test_each_check_fails_on_what_it_guards():
     assert not soak_checks(gap, {"param_sha256": "a"}, events, faults, [], 4, 100, SAVES)["loss_log_complete"]
 
 
-def test_saves_must_fail_in_an_outage_and_none_be_committed_unless_trained_again():
+def test_saves_must_fail_in_an_outage_what_it_lists_as_committed_be_whole_and_none_be_kept_unless_trained_again():
     events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
 
-    def held(failed: list[int], committed_during: list[int], committed: list[int]) -> bool:
+    def held(failed: list[int], committed_during: list[int], committed: list[int],
+             whole: list[int] | None = None) -> bool:
         faults = [{"kind": "kill", "injected_s": 0.1},
-                  {"kind": "outage", "injected_s": 5.0, "committed_during": committed_during}]
+                  {"kind": "outage", "injected_s": 5.0, "committed_during": committed_during,
+                   "whole_during": committed_during if whole is None else whole}]
         saves = {"failed": failed, "committed": committed}
         return soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], 4, 100, saves)[
             "outage_saves_failed_and_never_adopted"]
 
     assert held([60], [50], [80, 90, 100])
     assert not held([], [50], [80, 90, 100])  # the outage failed no save: it did not test anything
-    assert not held([60], [50, 60], [80, 90, 100])  # committed while storage was cut off
+    assert held([60], [50, 60], [80, 90, 100])  # its commit marker landed though the reply was lost: it is whole
+    assert not held([60], [50, 60], [80, 90, 100], whole=[50])  # listed as committed while a file was missing
     assert not held([70], [50], [70, 90, 100])  # committed later, and no restart trained step 70 again
     assert held([90], [50], [80, 90, 100])  # saved again after the restart from step 80 trained it again
 

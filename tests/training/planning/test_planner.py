@@ -15,7 +15,7 @@ from spotray.errors import SpotrayError
 from spotray.planning import calibration, planner
 from spotray.planning import estimate as command
 from spotray.storage import resolve
-from spotray.worker.cadence import interval_steps
+from spotray.worker.cadence import interval_steps, snapshot_interval_steps
 from tests.repo import REPO, readme_example
 
 INTERRUPTED_RUN = REPO / "tests" / "fixtures" / "ledger-interrupted"
@@ -118,6 +118,35 @@ def test_the_warm_spare_verdict_weighs_its_idle_cost_against_the_recovery_it_sav
     assert one(BASE, 8, "spot").warm_spare is None  # no warm-spare restart time to compare with
 
 
+def test_snapshots_lose_half_a_snapshot_interval_restore_from_memory_and_cost_their_blocking_time():
+    fixed = one(replace(BASE, snapshot_s=0.5, snapshot_every_steps=10), 8, "spot")
+    assert fixed.snapshot_interval_steps == 10
+    assert fixed.loss_per_interruption_s == pytest.approx(10 / 2 * 2.0 + 300)  # no restore from storage
+    assert fixed.seconds["snapshot"] == pytest.approx(1000 * 0.5)
+    assert one(replace(BASE, snapshot_s=0.5), 8, "spot").goodput > one(BASE, 8, "spot").goodput  # under auto
+    auto = replace(BASE, snapshot_s=0.5, nodes=(8, 64))
+    for nodes in (8, 64):
+        p = one(auto, nodes, "spot")
+        blocking = 0.5 * 8 / nodes  # each node copies its shard, which shrinks as nodes grow
+        assert planner.snapshot_time(auto, nodes) == pytest.approx(blocking)
+        assert p.snapshot_interval_steps == snapshot_interval_steps(blocking, blocking, p.step_s, 0.01 * nodes)
+    assert one(BASE, 8, "spot").snapshot_interval_steps is None and one(BASE, 8, "spot").seconds["snapshot"] == 0
+
+
+def test_going_on_with_the_survivors_costs_two_restarts_without_the_wait_and_the_wait_at_one_node_less():
+    inputs = replace(BASE, capacity_wait_s=240, shrink=True)  # on the survivors: 60 s, no wait
+    p = one(inputs, 8, "spot")
+    lost_steps = p.interval_steps / 2 * 2.0 + 20  # half an interval, and the restore from storage
+    assert p.loss_per_interruption_s == pytest.approx(lost_steps + 2 * 60 + 240 / 8)
+    assert p.goodput > one(replace(inputs, shrink=False), 8, "spot").goodput
+    assert one(replace(inputs, nodes=(1,)), 1, "spot").loss_per_interruption_s == pytest.approx(
+        one(replace(inputs, nodes=(1,), shrink=False), 1, "spot").loss_per_interruption_s)  # no survivor
+    spared = one(replace(inputs, warm_spares=1), 8, "spot")  # a spare takes over: one restart, no shrinking
+    assert spared.loss_per_interruption_s == pytest.approx(lost_steps + 60)
+    assert p.wall_s is not None and p.expected_interruptions is not None
+    assert warm_spare(p).saves_usd == pytest.approx(8 * (60 + 240 / 8) / 3600 * 10.0 * p.expected_interruptions)
+
+
 def test_a_run_interrupted_faster_than_it_recovers_never_finishes():
     p = one(replace(BASE, nodes=(512,), interruptions_per_node_hour=0.05), 512, "spot")
     assert p.wall_s is None and p.goodput == 0.0 and p.usd is None
@@ -157,6 +186,12 @@ def test_save_and_restore_times_follow_the_checkpoints_bytes_over_the_bandwidth_
     (["--from", "/nonexistent/run", "--interruptions-per-node-hour", "0.001"], "--from"),
     (["--tokens", "1T", "--tokens-per-step", "4M", "--step-s", "7", "--restart-s", "600", "--warm-spares", "1",
       "--interruptions-per-node-hour", "0.001"], "--warm-spares"),
+    (["--tokens", "1T", "--tokens-per-step", "4M", "--step-s", "7", "--restart-s", "600", "--shrink",
+      "--interruptions-per-node-hour", "0.001"], "--shrink"),
+    (["--tokens", "1T", "--tokens-per-step", "4M", "--step-s", "7", "--restart-s", "600",
+      "--snapshot-every-steps", "10", "--interruptions-per-node-hour", "0.001"], "--snapshot-every-steps"),
+    (["--tokens", "1T", "--tokens-per-step", "4M", "--step-s", "7", "--restart-s", "600", "--snapshot-s", "-1",
+      "--interruptions-per-node-hour", "0.001"], "--snapshot-s"),
 ])
 def test_bad_input_is_one_line_naming_the_flag_and_the_fix_exit_2(argv, flag):
     with pytest.raises(SpotrayError) as caught:
@@ -235,14 +270,19 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     assert "64     spot" in capsys.readouterr().out
 
 
-def test_the_7b_example_gives_the_goodputs_the_readme_shows(capsys):
-    shown = shlex.split(readme_example("estimate-7b").replace("\\\n", " "))
+@pytest.mark.parametrize(("example", "goodputs"), [
+    ("estimate-7b", ["99.7%", "99.9%", "98.5%", "99.5%", "89.2%", "96.3%"]),
+    ("estimate-7b-snapshots", ["99.8%", "99.9%", "99.5%", "99.8%", "97.5%", "99.0%"]),
+])
+def test_the_7b_examples_give_the_goodputs_the_docs_show(capsys, example, goodputs):
+    shown = shlex.split(readme_example(example).replace("\\\n", " "))
     assert shown[:2] == ["spotray", "estimate"], shown
     estimate(*shown[2:])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:7]]
-    assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("8", "spot", "99.7%"), ("8", "on-demand", "99.9%"), ("64", "spot", "98.5%"), ("64", "on-demand", "99.5%"),
-        ("512", "spot", "89.2%"), ("512", "on-demand", "96.3%")]
+    sizes = [("8", "spot"), ("8", "on-demand"), ("64", "spot"), ("64", "on-demand"), ("512", "spot"),
+             ("512", "on-demand")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [(*size, goodput) for size, goodput in zip(sizes, goodputs,
+                                                                                             strict=True)]
 
 
 def interrupted_ledger(root: Path, kills: int, hours_each: float) -> str:

@@ -74,14 +74,19 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
     assert interval.steps == 25
 
 
-def test_snapshots_under_auto_keep_their_blocking_time_under_two_percent_and_never_overlap():
-    interval = SnapshotInterval("auto", start_step=100)
+def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap():
+    interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
     assert [s for s in range(101, 125) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 125))
-    interval.taken(110, blocking_s=0.01, whole_s=0.05, step_s=0.1)  # 0.01 / 0.02 = 0.5 s of steps: 5 steps
-    assert interval.steps == 5 and not interval.due(114) and interval.due(115)
-    interval.taken(115, blocking_s=0.001, whole_s=0.9, step_s=0.1)  # the upload takes 9 steps
-    assert interval.steps == 9
-    fixed = SnapshotInterval(4, start_step=0)
+    interval.taken(110, blocking_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
+    assert interval.steps == 20 and not interval.due(129) and interval.due(130)
+    interval.taken(130, blocking_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
+    assert interval.steps == 2  # sqrt(2 x 0.0001 x 100) = 0.14 s
+    frequent = SnapshotInterval("auto", 3600.0, start_step=0)  # Young-Daly would snapshot every 0.45 s
+    frequent.taken(10, blocking_s=0.1, whole_s=0.2, step_s=1.0)
+    assert frequent.steps == 5  # 0.1 / 0.02: the 2 % budget
+    frequent.taken(15, blocking_s=0.001, whole_s=9.0, step_s=1.0)
+    assert frequent.steps == 9  # the upload takes 9 steps
+    fixed = SnapshotInterval(4, 36.0, start_step=0)
     fixed.taken(4, blocking_s=1.0, whole_s=1.0, step_s=0.001)
     assert [s for s in range(1, 13) if fixed.due(s)] == [4, 8, 12]
 

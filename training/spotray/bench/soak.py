@@ -10,8 +10,9 @@ run uninterrupted (trained on a bare process group); every sample trained exactl
 most its kind's bound of steps; the driver's memory and open files stay within bounds while it lives; the checkpoint
 folder never holds more than ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness
 caused; no corrupted checkpoint is resumed from; the driver of a lost head ends with one line, which names the step
-that the same command resumes from; saves fail in a storage outage and none of them is ever committed; and the loss log
-holds every step."""
+that the same command resumes from; saves fail in a storage outage, what storage lists as committed meanwhile is whole
+(a save whose commit marker landed though its reply was lost is), and no failed save is kept; and the loss log holds
+every step."""
 
 from __future__ import annotations
 
@@ -221,10 +222,17 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         # Until a save has met the cut link (one may be waiting for storage when it is cut, and pass once it is back).
         while len(_failed_saves(driver)) == failed_before and time.time() < started + OUTAGE_AT_MOST_S:
             time.sleep(0.5)
-        committed = [c.step for c in _committed(root)]  # read past the cut link
+        committed = _committed(root)  # read past the cut link
         proxy.restore()
-        return {"kind": kind, "injected_s": round(time.time() - started, 1), "committed_during": committed}
+        return {"kind": kind, "injected_s": round(time.time() - started, 1),
+                "committed_during": [c.step for c in committed],
+                "whole_during": [c.step for c in committed if _whole(c)]}
     return {"kind": kind, "injected_s": round(time.time() - started, 1)}
+
+
+def _whole(checkpoint) -> bool:
+    """Every file its commit marker names is in storage at its recorded size."""
+    return all(checkpoint.location.child(name).size() == int(file["size"]) for name, file in checkpoint.files.items())
 
 
 def _said(console: str) -> dict:
@@ -306,13 +314,14 @@ def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[
 
 
 def _outage_saves_held(faults: list[dict], events: list[dict], saves: dict[str, list[int]]) -> bool:
-    """Saves failed in an outage, and none of their steps was committed then, or later unless a restart went back
-    below it (and trained it again)."""
+    """Saves failed in an outage; every checkpoint storage listed as committed then was whole (a failed save whose
+    commit marker reached storage though the reply was lost is whole, and deleted before the next save); and no failed
+    step was committed at the end unless a restart went back below it (and trained it again)."""
     outages = [fault for fault in faults if fault["kind"] == "outage"]
-    during = set().union(*(fault["committed_during"] for fault in outages))
+    partial = set().union(*(set(fault["committed_during"]) - set(fault["whole_during"]) for fault in outages))
     retrained_below = min((event["resumed_from"] for event in events), default=None)
     later = {step for step in saves["committed"] if retrained_below is None or step <= retrained_below}
-    return not outages or (bool(saves["failed"]) and not (during | later) & set(saves["failed"]))
+    return not outages or (bool(saves["failed"]) and not partial and not later & set(saves["failed"]))
 
 
 def _failed_saves(driver: _Driver) -> list[int]:

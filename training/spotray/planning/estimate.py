@@ -9,7 +9,7 @@ from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from spotray.errors import SpotrayError
-from spotray.planning.planner import BENCH_SOURCE, Inputs, Plan, _flag, defaults_used, plan, save_times
+from spotray.planning.planner import BENCH_SOURCE, Inputs, Plan, _flag, defaults_used, plan, save_times, snapshot_time
 
 if TYPE_CHECKING:  # the CLI imports this module to register the command: the ledger's pyarrow waits for --from
     from spotray.planning.calibration import Measured
@@ -51,6 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "(default: restart less capacity wait)")
     faults.add_argument("--warm-spares", help="idle spot nodes held for the run (billed on the spot rows)")
     faults.add_argument("--notice-share", help="share of interruptions whose notice leaves time for a save (0-1)")
+    faults.add_argument("--shrink", action="store_true",
+                        help="go on with the survivors (scaling.min_workers) instead of waiting for a replacement")
+    snapshots = parser.add_argument_group("in-memory snapshots (snapshot.every_steps)")
+    snapshots.add_argument("--snapshot-s", help="seconds a snapshot blocks training (default: no snapshots)")
+    snapshots.add_argument("--snapshot-every-steps", help="steps between snapshots, or auto (default)")
     prices = parser.add_argument_group("prices (USD per node-hour)")
     prices.add_argument("--spot-price", help="spot price of one node per hour")
     prices.add_argument("--on-demand-price", help="on-demand price of one node per hour")
@@ -70,6 +75,7 @@ _NUMBERS = {  # flag destination -> (Inputs field, parser)
     "restart_s": ("restart_s", "float"), "startup_s": ("startup_s", "float"),
     "capacity_wait_s": ("capacity_wait_s", "float"), "warm_spare_restart_s": ("warm_spare_restart_s", "float"),
     "warm_spares": ("warm_spares", "int"), "notice_share": ("notice_share", "float"),
+    "snapshot_s": ("snapshot_s", "float"),
     "spot_price": ("spot_price", "float"), "on_demand_price": ("on_demand_price", "float"),
     "warm_spare_price": ("warm_spare_price", "float"),
 }
@@ -114,8 +120,12 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
     every = getattr(args, "every_steps", None)
     if every is not None:
         given["every_steps"] = None if every == "auto" else _number("--every-steps", every, "int")
-    if getattr(args, "async_save", False):
-        given["async_save"] = True
+    snapshot_every = getattr(args, "snapshot_every_steps", None)
+    if snapshot_every is not None and snapshot_every != "auto":
+        given["snapshot_every_steps"] = _number("--snapshot-every-steps", snapshot_every, "int")
+    for flag in ("async_save", "shrink"):
+        if getattr(args, flag, False):
+            given[flag] = True
     measured = None
     values: dict[str, Any] = {}
     if getattr(args, "from_url", None):
@@ -204,13 +214,17 @@ def render(inputs: Inputs, plans: list[Plan], measured: Measured | None = None) 
                  f"+{inputs.overhead_s_per_step:g} s overhead")
     for nodes in inputs.nodes:
         blocking, save, restore = save_times(inputs, nodes)
-        lines.append(f"{nodes} nodes: a save blocks {blocking:.3g} s of {save:.3g} s, restore {restore:.3g} s")
+        snapshot = next((p.snapshot_interval_steps for p in plans if p.nodes == nodes), None)
+        lines.append(f"{nodes} nodes: a save blocks {blocking:.3g} s of {save:.3g} s, restore {restore:.3g} s"
+                     + ("" if snapshot is None else f"; a snapshot every {snapshot:,} steps, blocking "
+                        f"{snapshot_time(inputs, nodes):.3g} s"))
     rate = ("a count of " + str(inputs.interruptions) if inputs.interruptions is not None
             else f"{inputs.interruptions_per_node_hour:g} per node-hour")
     spare = inputs.spare_restart_s
     lines.append(f"interruptions: spot {rate}, on-demand {inputs.on_demand_interruptions_per_node_hour:g} per "
                  f"node-hour; restart {inputs.restart_s:.4g} s"
-                 + (f" ({spare:.4g} s with a warm spare)" if spare is not None else "")
+                 + (f" ({spare:.4g} s with a warm spare" + (" or on the survivors" if inputs.shrink else "") + ")"
+                    if spare is not None else "")
                  + f"; notice share {inputs.notice_share:g}")
     lines.append(f"prices per node-hour: spot {_usd(inputs.spot_price)}, on-demand {_usd(inputs.on_demand_price)}"
                  + (f"; {inputs.warm_spares} warm spare(s) billed on spot" if inputs.warm_spares else ""))

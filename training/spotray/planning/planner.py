@@ -13,6 +13,16 @@ The model, per size of N nodes (first order; every figure is an expectation, not
   blocking_save_s``: an interruption before an asynchronous save commits loses the interval before it too), plus
   ``restart_s`` (replacement capacity + start-up) and ``restore_s``. A share ``notice_share`` of interruptions come
   with a notice long enough for an emergency checkpoint: those lose one whole save instead of the steps.
+- In-memory snapshots (``snapshot_s`` on ``step_nodes``, each blocking training that long, x step_nodes / N on N
+  nodes as each node's shard shrinks; every ``snapshot_every_steps`` or what ``snapshot.every_steps: auto``
+  chooses): an interruption without notice loses half a snapshot interval instead of
+  half a checkpoint interval, and restores from the surviving nodes' memory (its time is in the restart's start-up),
+  not from storage. Checkpoints keep their own interval: they cover the losses snapshots do not (the head, two nodes
+  at once), which are not modelled.
+- Going on with the survivors (``shrink``): with no warm spare to take over, an interruption costs a restart on the
+  survivors (``restart_s - capacity_wait_s``, no wait), the capacity wait at one node less (``capacity_wait_s /
+  N`` of the run's throughput), and a second restart when the run grows back (right after a snapshot or checkpoint,
+  so it loses no steps).
 - Wall time W = productive + saves + startup + overhead + (N x rate x W) x loss, so W = base / (1 - N x rate x loss);
   the run never finishes where N x rate x loss >= 1. Goodput = productive / W (productive: steps x step_s).
   Given a count of ``interruptions`` instead of a rate (replaying a run), W = base + count x loss, and ``auto``
@@ -25,17 +35,19 @@ The model, per size of N nodes (first order; every figure is an expectation, not
   same). Save and restore times are the checkpoint's bytes over the storage bandwidth per node times N, where
   ``checkpoint_bytes`` is given (every node writes and reads its share at once); else the times given, measured, or
   the bench defaults below, at every size.
-Not modelled: a second interruption during a recovery, scaling efficiency below 1, a cap on the storage's total
-bandwidth, billing rules (AWS does not charge a spot instance it interrupts in its first hour).
+Not modelled: a second interruption during a recovery or while the run is short of a node, scaling efficiency below
+1, a cap on the storage's total bandwidth, billing rules (AWS does not charge a spot instance it interrupts in its
+first hour).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from spotray.errors import SpotrayError
-from spotray.worker.cadence import interval_steps
+from spotray.worker.cadence import interval_steps, snapshot_interval_steps
 
 CAPACITIES = ("spot", "on-demand")
 # Defaults from BENCHMARKS.md, GPT-2 124M shape (1025 MB of params + AdamW state), cpu-2c, local dir:
@@ -81,9 +93,12 @@ class Inputs:
     storage_bytes_per_s: float | None = None  # per node, read and write
     startup_s: float | None = None  # the run's first start; default restart_s
     capacity_wait_s: float | None = None  # the part of restart_s spent waiting for replacement capacity
-    warm_spare_restart_s: float | None = None  # restart_s when a warm spare takes over; default restart - wait
+    warm_spare_restart_s: float | None = None  # restart_s without a capacity wait (a warm spare, or on the survivors)
     warm_spares: int = 0  # idle spot nodes held for the run (billed on the spot rows)
     notice_share: float = 0.0  # interruptions with a notice long enough for an emergency checkpoint
+    snapshot_s: float | None = None  # blocking per snapshot on step_nodes (x step_nodes / N); None: off
+    snapshot_every_steps: int | None = None  # with snapshots; None: auto
+    shrink: bool = False  # go on with the survivors (scaling.min_workers) instead of waiting for capacity
     overhead_s_per_step: float = 0.0  # wall time per step outside the step (evaluation, logging)
     spot_price: float | None = None  # USD per node-hour
     on_demand_price: float | None = None
@@ -138,6 +153,17 @@ class Inputs:
                         "give --capacity-wait-s (the wait a spare removes) or --warm-spare-restart-s")
         if not 0.0 <= self.notice_share <= 1.0:
             raise _fail("notice_share", f"must be between 0 and 1, got {self.notice_share}", "e.g. 0.9")
+        _at_least_zero(self, "snapshot_s", "seconds a snapshot blocks training, or leave it out (no snapshots)")
+        if self.snapshot_every_steps is not None:
+            if not isinstance(self.snapshot_every_steps, int) or self.snapshot_every_steps < 1:
+                raise _fail("snapshot_every_steps", f"must be at least 1 or auto, got {self.snapshot_every_steps!r}",
+                            "e.g. 10 or auto")
+            if self.snapshot_s is None:
+                raise _fail("snapshot_every_steps", "needs the time a snapshot blocks training",
+                            "give --snapshot-s (spotray bench throughput's snapshot figure, or your own)")
+        if self.shrink and self.spare_restart_s is None:
+            raise _fail("shrink", "needs the restart on the survivors, which waits for no capacity",
+                        "give --capacity-wait-s (the wait it removes) or --warm-spare-restart-s")
 
     @property
     def reference_nodes(self) -> int:
@@ -199,6 +225,7 @@ class Plan:
     tokens: float
     step_s: float
     interval_steps: int
+    snapshot_interval_steps: int | None  # None: snapshots off
     interruptions_per_hour: float  # the run's, that auto plans for
     expected_interruptions: float | None
     loss_per_interruption_s: float
@@ -206,7 +233,7 @@ class Plan:
     blocking_save_s: float
     restore_s: float
     restart_s: float
-    seconds: dict[str, float]  # productive, checkpoint_save, startup, overhead, interrupted
+    seconds: dict[str, float]  # productive, checkpoint_save, snapshot, startup, overhead, interrupted
     wall_s: float | None
     price: float | None
     usd: float | None
@@ -224,6 +251,7 @@ class Plan:
         return {"nodes": self.nodes, "capacity": self.capacity, "goodput": round(self.goodput, 4),
                 "wall_s": _round(self.wall_s, 1), "usd": _round(self.usd, 2),
                 "usd_per_mtok": _round(self.usd_per_mtok, 4), "interval_steps": self.interval_steps,
+                "snapshot_interval_steps": self.snapshot_interval_steps,
                 "interruptions_per_hour": round(self.interruptions_per_hour, 6),
                 "expected_interruptions": _round(self.expected_interruptions, 2),
                 "loss_per_interruption_s": round(self.loss_per_interruption_s, 2), "steps": self.steps,
@@ -294,18 +322,29 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
     per_step = step_s + inputs.overhead_s_per_step
     startup = inputs.restart_s if inputs.startup_s is None else inputs.startup_s
 
-    def every(rate_per_hour: float) -> int:
+    snapshot_s = snapshot_time(inputs, nodes)
+    recovery = restart if spares else _recovery_without_spare(inputs, nodes)
+
+    def every(rate_per_hour: float) -> _Intervals:
         if inputs.every_steps is not None:
-            return min(inputs.every_steps, steps)
-        return interval_steps(blocking, save, step_s, rate_per_hour, steps) if rate_per_hour > 0 else steps
+            checkpoints = min(inputs.every_steps, steps)
+        else:
+            checkpoints = interval_steps(blocking, save, step_s, rate_per_hour, steps) if rate_per_hour > 0 else steps
+        return _Intervals(checkpoints, _snapshot_interval(snapshot_s, inputs.snapshot_every_steps, step_s,
+                                                          rate_per_hour, steps))
 
-    def loss(interval: int) -> float:
-        steps_lost = interval / 2 * per_step + max(0.0, save - blocking)
-        return (1 - inputs.notice_share) * steps_lost + inputs.notice_share * save + restart + restore
+    def loss(interval: _Intervals) -> float:
+        if interval.snapshots is None:
+            steps_lost, restored = interval.checkpoints / 2 * per_step + max(0.0, save - blocking), restore
+        else:
+            steps_lost, restored = min(interval.checkpoints, interval.snapshots) / 2 * per_step, 0.0
+        return (1 - inputs.notice_share) * steps_lost + inputs.notice_share * save + restored + recovery
 
-    def seconds(interval: int, interrupted: float) -> dict[str, float]:
-        return {"productive": steps * step_s, "checkpoint_save": math.ceil(steps / interval) * blocking,
-                "startup": startup, "overhead": steps * inputs.overhead_s_per_step, "interrupted": interrupted}
+    def seconds(interval: _Intervals, interrupted: float) -> dict[str, float]:
+        snapshots = 0.0 if interval.snapshots is None else math.ceil(steps / interval.snapshots) * (snapshot_s or 0.0)
+        return {"productive": steps * step_s, "checkpoint_save": math.ceil(steps / interval.checkpoints) * blocking,
+                "snapshot": snapshots, "startup": startup, "overhead": steps * inputs.overhead_s_per_step,
+                "interrupted": interrupted}
 
     count = inputs.interruptions if spot else None
     wall: float | None
@@ -335,9 +374,44 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
     usd = None
     if price is not None and wall is not None and (spare_price is not None or not spares):
         usd = (nodes * price + spares * (spare_price or 0.0)) * wall / 3600
-    return Plan(nodes, capacity, steps, steps * inputs.tokens_per_step, step_s, interval, rate, expected,
-                loss(interval), save, blocking, restore, restart, split, wall, price, usd,
+    return Plan(nodes, capacity, steps, steps * inputs.tokens_per_step, step_s, interval.checkpoints,
+                interval.snapshots, rate, expected, loss(interval), save, blocking, restore, restart, split, wall,
+                price, usd,
                 _warm_spare(inputs, nodes, spares, price, spare_price, wall, expected))
+
+
+def _recovery_without_spare(inputs: Inputs, nodes: int) -> float:
+    """Seconds of the run's throughput an interruption costs past its lost steps, with no warm spare: a restart
+    that waits for capacity; or, going on with the survivors, a restart on them, the wait at one node less, and a
+    restart to grow back."""
+    if not inputs.shrink or nodes == 1:
+        return inputs.restart_s
+    survivors_restart = inputs.spare_restart_s
+    assert survivors_restart is not None  # __post_init__ requires it with shrink
+    wait = inputs.restart_s - survivors_restart if inputs.capacity_wait_s is None else inputs.capacity_wait_s
+    return 2 * survivors_restart + wait / nodes
+
+
+def snapshot_time(inputs: Inputs, nodes: int) -> float | None:
+    """Seconds a snapshot blocks training on ``nodes`` nodes: each node copies its shard of the state, which shrinks
+    as the state is sharded over more nodes; None: snapshots off."""
+    return None if inputs.snapshot_s is None else inputs.snapshot_s * inputs.reference_nodes / nodes
+
+
+class _Intervals(NamedTuple):
+    checkpoints: int
+    snapshots: int | None  # None: off
+
+
+def _snapshot_interval(snapshot_s: float | None, every_steps: int | None, step_s: float, rate_per_hour: float,
+                       steps: int) -> int | None:
+    """Steps between snapshots: ``every_steps``, else what ``snapshot.every_steps: auto`` chooses at the run's
+    interruption rate; None: off."""
+    if snapshot_s is None:
+        return None
+    if every_steps is not None:
+        return min(every_steps, steps)
+    return min(snapshot_interval_steps(snapshot_s, snapshot_s, step_s, rate_per_hour), steps)
 
 
 def _warm_spare(inputs: Inputs, nodes: int, spares: int, price: float | None, spare_price: float | None,
@@ -350,8 +424,8 @@ def _warm_spare(inputs: Inputs, nodes: int, spares: int, price: float | None, sp
     spares = spares or 1
     if price is None or spare_price is None or wall is None:
         return WarmSpare(spares, None, None)
-    saved_s = inputs.restart_s - warm
+    saved_s = _recovery_without_spare(inputs, nodes) - warm
     return WarmSpare(spares, spares * wall / 3600 * spare_price, nodes * saved_s / 3600 * price * expected)
 
 
-__all__ = ["Inputs", "Plan", "WarmSpare", "plan", "save_times"]
+__all__ = ["Inputs", "Plan", "WarmSpare", "plan", "save_times", "snapshot_time"]

@@ -84,15 +84,24 @@ SNAPSHOT_BUDGET = 0.02  # of the step time, at most, that snapshots may block tr
 UNMEASURED_SNAPSHOT_STEPS = 10  # ``auto`` before an attempt has timed a snapshot
 
 
-class SnapshotInterval:
-    """Whether a step is due for a snapshot. Fixed: every multiple of ``every_steps``. ``auto``: once ``steps``
-    have passed since the last, where ``steps`` keeps the time snapshots block training under ``SNAPSHOT_BUDGET`` of
-    the step time, and is never shorter than a whole snapshot (the next waits for the last)."""
+def snapshot_interval_steps(blocking_s: float, whole_s: float, step_s: float, interruptions_per_hour: float) -> int:
+    """``auto``'s snapshot interval: Young–Daly at the snapshot's blocking time and the run's interruption rate, but
+    never so often that snapshots block more than ``SNAPSHOT_BUDGET`` of the step time, nor shorter than a whole
+    snapshot (the next waits for the last)."""
+    seconds = max(blocking_s / SNAPSHOT_BUDGET, whole_s)
+    if interruptions_per_hour > 0:
+        seconds = max(seconds, young_daly_s(blocking_s, 3600 / interruptions_per_hour))
+    return max(1, math.ceil(seconds / step_s))
 
-    def __init__(self, every_steps: int | str, start_step: int):
+
+class SnapshotInterval:
+    """Whether a step is due for a snapshot. Fixed: every multiple of ``every_steps``. ``auto``: once
+    ``snapshot_interval_steps`` have passed since the last."""
+
+    def __init__(self, every_steps: int | str, interruptions_per_hour: float, start_step: int):
         self.auto = every_steps == AUTO
         self.steps = UNMEASURED_SNAPSHOT_STEPS if self.auto else int(every_steps)
-        self.last_step = start_step
+        self.interruptions_per_hour, self.last_step = interruptions_per_hour, start_step
 
     def due(self, step: int) -> bool:
         if self.auto:
@@ -104,7 +113,7 @@ class SnapshotInterval:
         ``whole_s``; the same values on every rank."""
         self.last_step = step
         if self.auto and step_s > 0:
-            self.steps = max(1, math.ceil(max(blocking_s / SNAPSHOT_BUDGET, whole_s) / step_s))
+            self.steps = snapshot_interval_steps(blocking_s, whole_s, step_s, self.interruptions_per_hour)
 
 
 class PreemptionChecks:

@@ -360,7 +360,8 @@ class _StepLoop:
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
         self.snapshots = snapshots
-        self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, parts.progress.step)
+        self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, cfg.fault_tolerance.interruptions_per_hour,
+                                                  parts.progress.step)
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
         self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
