@@ -1,6 +1,7 @@
 """In-memory snapshot drills on a real local Ray cluster of a head and 3 worker nodes: a node killed without notice
 takes its holder (and the snapshot files in it) with it; the next attempt restores the newest snapshot from the
-survivors, or, where no whole and sound copy survives, the newest checkpoint, saying why in one line."""
+survivors, or, where no whole and sound copy survives, the newest checkpoint, saying why in one line. A lost head
+takes every snapshot with the cluster: the same command on a new cluster resumes from storage."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from spotray.accounts import goodput, ledger
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve
-from tests.drills.test_preemption import drill_settings, run_drill
+from tests.drills.test_preemption import (
+    attempts_and_last_steps,
+    drill_settings,
+    finish,
+    run_drill,
+    start_training,
+    wait_for_checkpoint,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -75,6 +83,25 @@ def test_a_kill_resumes_from_the_survivors_snapshot_bitwise_reading_no_checkpoin
     assert summary["param_sha256"] == straight["param_sha256"]
 
 
+def test_a_notice_keeps_its_step_in_a_snapshot_and_moves_on_without_waiting_for_storage(cluster, dataset_url,
+                                                                                        tmp_path):
+    """DDP on 2 workers, a snapshot every 3 steps: a notice is kept in a snapshot of its step, held on the node
+    that stays (the noticed node's part also there), not in storage; the next attempt restores it from memory and
+    loses no step."""
+
+    def notice(node):
+        past_the_checkpoint(tmp_path)
+        cluster.preempt_with_notice(node)
+
+    first_last, second_from = run_drill(cluster, dataset_url, tmp_path, notice, "notice",
+                                        f"snapshot.every_steps={SNAPSHOT_EVERY}")
+    assert second_from == first_last
+    console = (tmp_path / "driver.log").read_text()
+    assert f"PREEMPTION NOTICE at step {second_from}: emergency snapshot committed" in console, console[-3000:]
+    second = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))[1]
+    assert second.status_of("snapshot_restore_s") > 0 and second.status_of("restore_s") == 0
+
+
 def test_two_nodes_lost_at_once_take_both_copies_of_a_part_and_the_run_falls_back_to_storage_in_one_line(
         three_workers, dataset_url, tmp_path):
     """FSDP on 3 nodes: any two of them are neighbours in the ring, so one rank's part goes with both. The
@@ -131,3 +158,34 @@ def test_a_corrupted_snapshot_is_never_restored(three_workers, dataset_url, tmp_
     console = (tmp_path / "driver.log").read_text()
     reason = console.split(FELL_BACK)[-1].split("\n")[0]
     assert console.count(FELL_BACK) == 1 and "is corrupted" in reason, console[-3000:]
+
+
+HEAD_LOSS_ENDS_DRIVER_S = 180
+
+
+def test_the_head_lost_takes_every_snapshot_and_the_same_command_on_a_new_cluster_resumes_from_storage(
+        reused_clusters, dataset_url, tmp_path):
+    """DDP on 2 workers, a snapshot every 3 steps: the head is killed once a snapshot past the checkpoint of step 20
+    has committed. The driver ends with one line and no traceback; the same command, on a new cluster as a RayJob
+    retry runs it, resumes from the checkpoint of step 20 without an error, every sample trained once."""
+    args = (f"snapshot.every_steps={SNAPSHOT_EVERY}",)
+    cluster = reused_clusters.get()
+    driver = start_training(dataset_url, tmp_path, cluster, *args)
+    try:
+        wait_for_checkpoint(tmp_path, 20, driver)
+        past_the_checkpoint(tmp_path)
+        cluster.kill(cluster.nodes[0])
+        driver.wait(timeout=HEAD_LOSS_ENDS_DRIVER_S)
+    finally:
+        driver.kill()
+        reused_clusters.discard()
+    first = (tmp_path / "driver.log").read_text()
+    assert driver.returncode != 0 and "Traceback" not in first, first[-3000:]
+    assert [line for line in first.splitlines() if "spotray: error" in line][0].count("lost its Ray cluster") == 1
+    again = start_training(dataset_url, tmp_path, reused_clusters.get(), *args)
+    summary = finish(again, tmp_path)
+    assert summary["audit"]["exactly_once"], summary["audit"]
+    (_, first_last), (second_from, _) = attempts_and_last_steps(tmp_path)
+    assert second_from == 20 and first_last > 20
+    second = (tmp_path / "driver.log").read_text()[len(first):]
+    assert "spotray: error" not in second and "Traceback" not in second and FELL_BACK not in second, second[-3000:]

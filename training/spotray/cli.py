@@ -237,7 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("bench", help="benchmarks (JSON with --json)")
     p.add_argument("which", choices=["checkpoint", "throughput", "recovery", "pretrained", "export", "prepare",
-                                     "goodput", "tracking", "soak", "planner"])
+                                     "goodput", "tracking", "soak", "planner", "compile"])
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--storage", default=None,
                    help="checkpoint, recovery benches: any of local,s3 (default: both; recovery --script: s3)")
@@ -245,13 +245,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="training steps (throughput, goodput, tracking), saves (checkpoint), or the checkpoint "
                         "interval (recovery)")
-    p.add_argument("--workers", type=int, default=2, help="throughput, tracking benches: processes on each side")
+    p.add_argument("--workers", type=int, default=2,
+                   help="throughput, tracking benches: processes on each side; compile bench: the run's ranks")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2,
-                   help="throughput, recovery, prepare, goodput, tracking benches: runs per side, interleaved; "
-                        "planner bench: drills per count of kills")
+                   help="throughput, recovery, prepare, goodput, tracking, compile benches: runs per side, "
+                        "interleaved; planner bench: drills per count of kills")
     p.add_argument("--gpu", action="store_true",
                    help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")

@@ -86,6 +86,13 @@ def test_export_bench():
 
 
 @pytest.mark.e2e  # a bench command on the session's Ray
+def test_compile_bench_times_a_replacement_that_takes_its_graphs_from_the_kept_caches():
+    result = bench("compile", "--rounds", "1", "--workers", "1")
+    assert result["graphs_from_cache"][0] >= 1
+    assert_ratios(result, "replacement_over_cold", "replacement_over_cold_median")
+    assert all(seconds > 0 for seconds in result["cold_s"] + result["replacement_s"])
+
+
 def test_prepare_bench_tokenizes_the_same_tokens_as_the_datasets_baseline(ray_address):
     proc = subprocess.run([str(SPOTRAY), "bench", "prepare", "--size-mb", "8", "--rounds", "1", "--json"],
                           capture_output=True, text=True, timeout=900, env=cli_env(RAY_ADDRESS=ray_address))

@@ -52,6 +52,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
         from spotray.bench.planner import run as run_planner
 
         return run_planner(steps=args.steps or 1800, kills=_counts(args.kills), rounds=args.rounds)
+    if which == "compile":
+        from spotray.bench.compile import run as run_compile
+
+        return run_compile(preset=args.preset, rounds=args.rounds, workers=args.workers)
     if which == "tracking":
         from spotray.bench.tracking import run as run_tracking
 

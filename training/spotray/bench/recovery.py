@@ -205,8 +205,9 @@ def interrupt(start_job: Callable[[LocalCluster, Path], Job], log: Path, faults:
 
 
 def from_the_replacement(resumed: Resumed, back_at: float) -> dict:
-    """Seconds from the replacement node's start to the end of the first resumed step, split into Ray's part (until
-    the train function starts) and the worker's."""
+    """Seconds from the replacement node's start (or the fault, where the run does not wait for one) to the end of
+    the first resumed step, split into Ray's part (until the train function starts) and the worker's, with its
+    phases."""
     return {"recovery_s": round(resumed.first_step_at - back_at, 2),
             "ray_s": round(resumed.entered_at - back_at, 2),
             "worker_s": round(resumed.first_step_at - resumed.entered_at, 2),
@@ -233,8 +234,7 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
         if each is compared:
             drills["spotray"] = from_the_replacement(resumed, back_at)
         else:
-            drills[each.kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2),
-                                 "resumed_from": resumed.from_step}
+            drills[each.kind] = from_the_replacement(resumed, fault_at)
     return drills
 
 
@@ -248,7 +248,7 @@ def _shrink_round(cfg_for: Callable[[str, int], config.TrainConfig], i: int, wor
         cfg = dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, min_workers=min_workers))
         ((resumed, fault_at, _),) = interrupt(functools.partial(_spotray_job, cfg), job_log(workdir, cfg.run.name),
                                               (Fault("kill", 0.0),), clusters)
-        drills[kind] = {"recovery_s": round(resumed.first_step_at - fault_at, 2), "resumed_from": resumed.from_step}
+        drills[kind] = from_the_replacement(resumed, fault_at)
     return drills
 
 

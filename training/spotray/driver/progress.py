@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from spotray.driver.placement import Placement
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
+_EMERGENCY_SAVES = {"checkpoint": "emergency checkpoint committed",
+                    "snapshot": "emergency snapshot committed, in the memory of the nodes that stay"}
 
 
 def progress_line(status: dict, tokens_per_step: int) -> str:
@@ -114,7 +116,7 @@ class ProgressMonitor:
     def _notice(self, attempt_id: str, status: dict) -> None:
         notice = status.get("notice")
         if notice and self._once(attempt_id, "notice"):
-            outcome = ("emergency checkpoint committed" if notice["committed"] else
+            outcome = (_EMERGENCY_SAVES[notice.get("kept_in", "checkpoint")] if notice["committed"] else
                        "no emergency checkpoint: the restart resumes from the last committed one")
             self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
         if notice and status.get("moved_at") and self._once(attempt_id, "moved"):

@@ -99,12 +99,13 @@ def _restart_s(prev: goodput.AttemptRecord, cur: goodput.AttemptRecord, step_s: 
 
 
 def _saves(attempt: goodput.AttemptRecord, interval: int) -> int:
-    """Saves one attempt made: at every multiple of ``interval`` it trained, its notice's emergency checkpoint, and
-    the final commit where the last step is not a multiple."""
+    """Saves one attempt made: at every multiple of ``interval`` it trained, its notice's emergency checkpoint (not a
+    snapshot, which is memory), and the final commit where the last step is not a multiple."""
     last, start = attempt.last_step, attempt.info.from_step
     notice = attempt.status_of("notice", None)
     final = attempt.status_of("step", None) == attempt.status_of("max_steps", None) and last % interval != 0
-    return last // interval - start // interval + int(bool(notice and notice.get("committed"))) + int(bool(final))
+    emergency = bool(notice and notice["committed"] and notice.get("kept_in", "checkpoint") == "checkpoint")
+    return last // interval - start // interval + int(emergency) + int(bool(final))
 
 
 def _attempt_nodes(attempt: goodput.AttemptRecord) -> int:

@@ -26,11 +26,13 @@ class Snapshots(Checkpointer):
     def save(self, step: int, state: dict, blocking: bool = False,
              val_loss: float | None = None) -> CommittedCheckpoint | None:
         """Starts the snapshot of ``step`` in the background, unless the one before it failed; returns that one
-        where it committed."""
+        where it committed. ``blocking``: returns this one once committed; None where it failed or snapshots are
+        off."""
         previous = self.wait()
-        if self.off is None:
-            super().save(step, state, blocking=blocking, val_loss=val_loss)
-        return previous
+        if self.off is not None:
+            return None if blocking else previous
+        saved = super().save(step, state, blocking=blocking, val_loss=val_loss)
+        return saved if blocking else previous
 
     def _failed(self, step: int, exc: BaseException) -> None:
         """Every rank sees the failure at once (DCP's rule), so they agree here which nodes ran out of room: those

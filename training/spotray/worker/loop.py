@@ -52,6 +52,7 @@ from spotray.worker.cadence import (
     slowest_rank,
     too_short,
 )
+from spotray.worker.compile_cache import CompileCache
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,9 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     candidates = checkpointer.committed()
     snapshot = snapshots.newer_than(candidates[0].step if candidates else 0) if snapshots else None
     prefetch = RestorePrefetch(candidates[0]) if candidates and snapshot is None else None  # downloads meanwhile
+    compile_cache = CompileCache(root, cfg, env) if cfg.train.compile else None
+    if compile_cache is not None:
+        compile_cache.load()
     parts = build_parts(cfg, env, init_weights=not candidates and snapshot is None)
     if env.rank == 0:
         _record_model(cfg, root, parts)
@@ -271,7 +275,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     from_snapshot = snapshot is not None and restored == snapshot
     telemetry.started(restore_started - entered_at, restore_s, from_snapshot=from_snapshot)
     try:
-        return _StepLoop(cfg, env, parts, checkpointer, records, telemetry, snapshots).run()
+        return _StepLoop(cfg, env, parts, checkpointer, records, telemetry, snapshots, compile_cache).run()
     except (MovedOnNotice, GrowingBack) as ended:
         checkpointer.close()
         if snapshots is not None:
@@ -356,10 +360,11 @@ class _StepLoop:
     """One attempt's steps, and what happens at three cadences: a log line, a checkpoint, a preemption check."""
 
     def __init__(self, cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointer: Checkpointer,
-                 records: Records, telemetry: Telemetry, snapshots: Snapshots | None = None):
+                 records: Records, telemetry: Telemetry, snapshots: Snapshots | None = None,
+                 compile_cache: CompileCache | None = None):
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
-        self.snapshots = snapshots
+        self.snapshots, self.compile_cache = snapshots, compile_cache
         self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, cfg.fault_tolerance.interruptions_per_hour,
                                                   parts.progress.step)
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
@@ -378,6 +383,8 @@ class _StepLoop:
         cfg = self.cfg
         while self.parts.progress.step < self.last_step:
             step = self._train_step()
+            if self.compile_cache is not None:
+                self.compile_cache.keep()
             if step % cfg.train.log_every == 0 or step == self.last_step:
                 self._log(step)
             saving = self.cadence.save_due(step, self.checkpointer.retry_due(step))
@@ -494,9 +501,17 @@ class _StepLoop:
         deadline = self.cadence.notice(step, self._mean_step_s())
         if deadline is not None:
             self._flush_logs(durable=True)
-            if _survive_preemption(deadline, step, self.checkpointer, self.parts.state, self.env, self.telemetry,
-                                   self.cfg.fault_tolerance.move_on_notice):
+            if _survive_preemption(deadline, step, self._emergency_stores(), self.parts.state, self.env,
+                                   self.telemetry, self.cfg.fault_tolerance.move_on_notice):
                 raise MovedOnNotice(step)
+
+    def _emergency_stores(self) -> tuple[Checkpointer, ...]:
+        """Where a notice's step is kept, in the order tried: a snapshot, held on the nodes that stay (each part
+        also on the next node), where snapshots are on, so that the attempt need not wait for storage; a
+        checkpoint."""
+        snapshots = self.snapshots
+        return ((snapshots, self.checkpointer) if snapshots is not None and snapshots.off is None
+                else (self.checkpointer,))
 
     def _commit_final(self) -> None:
         self._flush_logs(durable=True)
@@ -521,6 +536,7 @@ class _StepLoop:
                              else None),
             "attempt_id": records.attempt.attempt_id,
             "failed_saves": self.checkpointer.failed_saves,
+            **({"graphs_from_compile_cache": self.compile_cache.graphs_from_cache()} if self.compile_cache else {}),
         }
         self.telemetry.finished()
         records.writer.close(timeout_s=max(60.0, self.cfg.checkpoint.save_failure_budget_s))
@@ -530,29 +546,37 @@ class _StepLoop:
         return final
 
 
-def _survive_preemption(deadline: float, step: int, checkpointer: Checkpointer, state: dict, env: WorkerEnv,
-                        telemetry: Telemetry, move_on: bool = True) -> bool:
-    """A drain with a deadline was announced: commit the current step, then (``move_on``) end the attempt as soon
-    as the worker group fits on other nodes (True), or else stop making progress until the node goes, so that no
-    step is lost.
+def _survive_preemption(deadline: float, step: int, stores: Checkpointer | tuple[Checkpointer, ...], state: dict,
+                        env: WorkerEnv, telemetry: Telemetry, move_on: bool = True) -> bool:
+    """A drain with a deadline was announced: commit the current step to the first of ``stores`` that takes it in
+    time (the snapshots' memory, storage), then (``move_on``) end the attempt as soon as the worker group fits on
+    other nodes (True), or else stop making progress until the node goes, so that no step is lost.
     If the deadline is too short for a save, fall back to the last checkpoint (False: training goes on)."""
     noticed_at = time.time()
-    if too_short(deadline, checkpointer.last_save_s, checkpointer.agree):
-        telemetry.notice(step, noticed_at, committed=False)
-        return False
-    started = time.monotonic()
-    committed = checkpointer.ensure_saved(step, state)
-    telemetry.checkpoint(time.monotonic() - started, checkpointer.last_save_s)
-    telemetry.notice(step, noticed_at, committed=committed is not None)
+    committed, kind = None, "checkpoint"
+    for store in stores if isinstance(stores, tuple) else (stores,):
+        kind = "snapshot" if isinstance(store, Snapshots) else "checkpoint"
+        store.wait()  # a save in flight runs collectives on the group that agree uses, in the background
+        if too_short(deadline, store.last_save_s, store.agree):
+            continue
+        started = time.monotonic()
+        committed = store.ensure_saved(step, state)
+        if kind == "snapshot":
+            telemetry.snapshot(time.monotonic() - started, None)
+        else:
+            telemetry.checkpoint(time.monotonic() - started, store.last_save_s)
+        if committed is not None:
+            break
+    telemetry.notice(step, noticed_at, committed=committed is not None, kept_in=kind)
     if committed is None:
-        log.warning("preemption notice: the emergency checkpoint of step %d failed; continuing, a restart resumes "
-                    "from the last committed checkpoint", step)
+        log.warning("preemption notice: no emergency checkpoint of step %d; continuing, a restart resumes from the "
+                    "last committed checkpoint", step)
         return False
     env.report({"step": step, "emergency": True})
     if env.rank == 0:
-        log.info("preemption notice: emergency checkpoint of step %d committed in %.1fs, %.1fs before the "
-                 "deadline", step, time.monotonic() - started, deadline - time.time())
-    return move_or_wait(deadline, step, checkpointer.agree, env.rank, env.capacity_elsewhere, telemetry, move_on)
+        log.info("preemption notice: emergency %s of step %d committed, %.1fs before the deadline", kind, step,
+                 deadline - time.time())
+    return move_or_wait(deadline, step, store.agree, env.rank, env.capacity_elsewhere, telemetry, move_on)
 
 
 def units_per_step(cfg: TrainConfig, task: Task) -> int:

@@ -160,8 +160,9 @@ class Telemetry:
         """Training waited ``blocking_s`` for an in-memory snapshot; ``held``: the newest committed one's step and
         each node's bytes held and cap, where one has committed since the last."""
 
-    def notice(self, step: int, at: float, committed: bool) -> None:
-        """A preemption notice came at ``step``; ``committed``: its emergency checkpoint did."""
+    def notice(self, step: int, at: float, committed: bool, kept_in: str = "checkpoint") -> None:
+        """A preemption notice came at ``step``; ``committed``: its emergency save did, kept in a ``checkpoint``
+        (storage) or a ``snapshot`` (memory on the nodes that stay)."""
 
     def drain_wait(self, seconds: float) -> None:
         """Waited this long after an emergency checkpoint for the node to go."""
@@ -288,8 +289,8 @@ class RankZeroTelemetry(Telemetry):
         self.gauges.set(snapshot_step=step, snapshot_bytes=max(used for used, _ in nodes.values()),
                         snapshot_capacity_bytes=min(cap for _, cap in nodes.values()))
 
-    def notice(self, step: int, at: float, committed: bool) -> None:
-        self.clock.update(notice={"step": step, "at": at, "committed": committed})
+    def notice(self, step: int, at: float, committed: bool, kept_in: str = "checkpoint") -> None:
+        self.clock.update(notice={"step": step, "at": at, "committed": committed, "kept_in": kept_in})
         self.gauges.set(emergency_checkpoint=1.0 if committed else 0.0)
         self.clock.flush()
 
