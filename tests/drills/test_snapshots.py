@@ -89,9 +89,10 @@ def test_a_notice_keeps_its_step_in_a_snapshot_and_moves_on_without_waiting_for_
     that stays (the noticed node's part also there), not in storage; the next attempt restores it from memory and
     loses no step."""
 
-    def notice(node):
+    def notice(_):
         past_the_checkpoint(tmp_path)
-        cluster.preempt_with_notice(node)
+        # The newest worker node alive: a drill with a third node before this one leaves it last in the list, gone.
+        cluster.preempt_with_notice([node for node in cluster.nodes[1:] if node.alive][-1])
 
     first_last, second_from = run_drill(cluster, dataset_url, tmp_path, notice, "notice",
                                         f"snapshot.every_steps={SNAPSHOT_EVERY}")

@@ -248,6 +248,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2,
                    help="throughput, tracking benches: processes on each side; compile bench: the run's ranks")
     p.add_argument("--preset", default="small", help="model preset to benchmark (default: small, 130 MB of state)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="throughput bench: a config override for both sides, which the bare loop ignores where it has "
+                        "no such feature (e.g. snapshot.every_steps=auto); repeatable")
     p.add_argument("--hf-config", default=None,
                    help="throughput bench: a Transformers config.json URL, or its JSON, to benchmark instead")
     p.add_argument("--rounds", type=int, default=2,

@@ -48,9 +48,11 @@ def test_checkpoint_bench_on_s3(ray_address):
 
 
 @pytest.mark.e2e  # a bench command on the session's Ray
-def test_throughput_bench(ray_address):
-    result = bench("throughput", "--steps", "3", "--rounds", "1", ray_address=ray_address)
+def test_throughput_bench_with_spotrays_snapshots_on(ray_address):
+    result = bench("throughput", "--steps", "3", "--rounds", "1", "--set", "snapshot.every_steps=1",
+                   ray_address=ray_address)
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
+    assert result["overrides"] == ["snapshot.every_steps=1"]
     assert_ratios(result, "step_time_ratio")
 
 

@@ -63,7 +63,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     from spotray.bench.throughput import run as run_throughput
 
     return run_throughput(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
-                          gpu=args.gpu, hf_config=args.hf_config)
+                          gpu=args.gpu, hf_config=args.hf_config, overrides=tuple(args.set))
 
 
 def _storages(arg: str) -> list[str]:

@@ -27,7 +27,7 @@ BARE_OUTPUT_LINES = 40
 
 
 def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, workers: int,
-            gpu: bool = False, hf_config: str | None = None) -> config.TrainConfig:
+            gpu: bool = False, hf_config: str | None = None, overrides: tuple[str, ...] = ()) -> config.TrainConfig:
     batch, seq_len = (GPU_BATCH_PER_WORKER * workers, GPU_SEQ_LEN) if gpu else (8, 256)
     model = {"hf": {"config": json.loads(hf_config) if hf_config.lstrip().startswith("{") else hf_config}} \
         if hf_config else None
@@ -36,7 +36,7 @@ def _config(data_url: str, workdir: str, steps: int, name: str, preset: str, wor
         f"model.preset={preset}", f"train.seq_len={seq_len}", f"train.global_batch_size={batch}",
         f"train.max_steps={steps}",
         f"checkpoint.every_steps={steps}", f"train.log_every={steps}", f"scaling.num_workers={workers}",
-        *(["scaling.use_gpu=true", "train.dtype=bfloat16", "train.compile=true"] if gpu else []),
+        *(["scaling.use_gpu=true", "train.dtype=bfloat16", "train.compile=true"] if gpu else []), *overrides,
     ], base={"model": model} if model else None)
 
 
@@ -89,16 +89,17 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2, gpu: bool = False,
-        hf_config: str | None = None) -> dict:
+        hf_config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
     """``hf_config``: a Transformers config (a config.json URL, or the JSON itself) to benchmark instead of
-    ``preset``."""
+    ``preset``; ``overrides``: ``--set`` config overrides, which the bare loop ignores where it has no such feature
+    (``snapshot.every_steps``: spotray's snapshots against a loop without them)."""
     if gpu and workers > torch.cuda.device_count():
         raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s)")
     workdir = new_workdir()
     data_url = bench_corpus(workdir)
     bare, spotray = [], []
     for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config)
+        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config, overrides)
         bare.append(_bare_step_s(cfg))
         spotray.append(_spotray_step_s(cfg))
     tokens_per_s = cfg.train.global_batch_size * cfg.train.seq_len / min(spotray)
@@ -106,6 +107,7 @@ def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 
         "machine": machine(), "workers": workers, "seq_len": cfg.train.seq_len,
         "model": preset if hf_config is None else _hf_name(cfg),
         "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
+        "overrides": list(overrides),
         "bare_torchrun_step_s": [round(s, 4) for s in bare],
         "spotray_ray_step_s": [round(s, 4) for s in spotray],
         "step_time_ratio": round(min(spotray) / min(bare), 3),
