@@ -14,6 +14,7 @@ import pytest
 
 from spotray import config
 from spotray.accounts import goodput, ledger
+from spotray.bench.soak import HEAD_LOSS_ENDS_DRIVER_S
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
 from spotray.storage import resolve
@@ -160,8 +161,6 @@ def test_a_corrupted_snapshot_is_never_restored(three_workers, dataset_url, tmp_
     reason = console.split(FELL_BACK)[-1].split("\n")[0]
     assert console.count(FELL_BACK) == 1 and "is corrupted" in reason, console[-3000:]
 
-
-HEAD_LOSS_ENDS_DRIVER_S = 180
 
 
 def test_the_head_lost_takes_every_snapshot_and_the_same_command_on_a_new_cluster_resumes_from_storage(

@@ -53,7 +53,7 @@ def test_a_deadline_too_short_for_a_save_is_logged_and_recorded_and_training_goe
     env = WorkerEnv(0, 1, torch.device("cpu"), reports.append)
     started = time.monotonic()
     with caplog.at_level(logging.INFO):
-        _survive_preemption(time.time() + 2.0, 7, checkpointer, {"box": Box()}, env, telemetry)
+        _survive_preemption(time.time() + 2.0, 7, (checkpointer,), {"box": Box()}, env, telemetry)
     assert time.monotonic() - started < 2.0, "it must not wait for the node to go"
     writer.close(timeout_s=10)
     assert "too short for a checkpoint" in caplog.text
@@ -80,7 +80,7 @@ def test_after_its_emergency_checkpoint_the_attempt_moves_on_once_other_capacity
     answers = iter([False, False, True])  # the replacement node joins two seconds after the notice
     root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, lambda: next(answers))
     started = time.monotonic()
-    moved = _survive_preemption(time.time() + 60, 7, checkpointer, {"box": Box()}, env, telemetry)
+    moved = _survive_preemption(time.time() + 60, 7, (checkpointer,), {"box": Box()}, env, telemetry)
     waited = time.monotonic() - started
     writer.close(timeout_s=10)
     assert moved and 1.5 < waited < 10, waited  # not the 60 s to the deadline
@@ -102,7 +102,7 @@ def test_with_no_capacity_elsewhere_or_moving_off_it_waits_for_the_node_as_befor
         return False
 
     root, checkpointer, attempts, writer, telemetry, env = _notice_setup(tmp_path, no_capacity_elsewhere)
-    moved = _survive_preemption(time.time() + 4.5, 7, checkpointer, {"box": Box()}, env, telemetry, move_on)
+    moved = _survive_preemption(time.time() + 4.5, 7, (checkpointer,), {"box": Box()}, env, telemetry, move_on)
     writer.close(timeout_s=10)
     status = goodput.read_status(attempts, "a1")
     assert not moved and status is not None and status["moved_at"] is None

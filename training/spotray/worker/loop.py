@@ -546,15 +546,15 @@ class _StepLoop:
         return final
 
 
-def _survive_preemption(deadline: float, step: int, stores: Checkpointer | tuple[Checkpointer, ...], state: dict,
-                        env: WorkerEnv, telemetry: Telemetry, move_on: bool = True) -> bool:
+def _survive_preemption(deadline: float, step: int, stores: tuple[Checkpointer, ...], state: dict, env: WorkerEnv,
+                        telemetry: Telemetry, move_on: bool = True) -> bool:
     """A drain with a deadline was announced: commit the current step to the first of ``stores`` that takes it in
     time (the snapshots' memory, storage), then (``move_on``) end the attempt as soon as the worker group fits on
     other nodes (True), or else stop making progress until the node goes, so that no step is lost.
     If the deadline is too short for a save, fall back to the last checkpoint (False: training goes on)."""
     noticed_at = time.time()
     committed, kind = None, "checkpoint"
-    for store in stores if isinstance(stores, tuple) else (stores,):
+    for store in stores:
         kind = "snapshot" if isinstance(store, Snapshots) else "checkpoint"
         store.wait()  # a save in flight runs collectives on the group that agree uses, in the background
         if too_short(deadline, store.last_save_s, store.agree):
