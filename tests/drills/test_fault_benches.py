@@ -51,6 +51,23 @@ def test_goodput_bench_reports_both_variants_with_their_badput(reused_clusters, 
 
 
 @pytest.mark.cluster
+def test_goodput_bench_on_a_schedule_of_kills_with_snapshots_and_shrinking_against_without(reused_clusters,
+                                                                                          demo_workdir):
+    from spotray.bench.goodput import run
+
+    result = run(steps=300, rounds=1, clusters=reused_clusters, workdir=demo_workdir, faults="kill", kills=1,
+                 capacity_gap_s=2)
+    assert_made_by(result, "tiny")
+    assert result["capacity_gap_s"] == 2 and len(result["kills_at_steps"]) == 1
+    (off,), (on,) = result["off"], result["on"]
+    for drill in (off, on):
+        assert [e["kind"] for e in drill["events"] if e["kind"] != "resize"] == ["kill"]
+        assert 0 < drill["goodput"] < 1 and drill["seconds"]["productive"] > 0
+    assert off["seconds"].get("snapshot_save", 0) == 0 < on["seconds"].get("snapshot_save", 0)  # the variants differ
+    assert result["goodput_gain"] == round(result["goodput_best"]["on"] - result["goodput_best"]["off"], 4)
+
+
+@pytest.mark.cluster
 def test_planner_bench_predicts_a_drill_with_three_kills_it_did_not_calibrate_on(reused_clusters, demo_workdir):
     from spotray.bench.planner import run
 

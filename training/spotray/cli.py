@@ -265,14 +265,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or shrink (a kill with scaling.min_workers against without, timed from the fault)")
     p.add_argument("--capacity-gap", type=float, default=None, metavar="SECONDS",
                    help="recovery bench: how long the cluster stays a node short after a compared kill, before the "
-                        "replacement starts (default 10: Ray has noticed the loss and waits for capacity)")
+                        "replacement starts (default 10: Ray has noticed the loss and waits for capacity); goodput "
+                        "bench --faults kill: after each kill (default 60)")
     p.add_argument("--minutes", type=float, default=20, help="soak bench: how long its schedule of faults runs")
     p.add_argument("--seed", type=int, default=0, help="soak bench: the seed of its fault schedule")
-    p.add_argument("--kills", default="1,2,4",
+    p.add_argument("--kills", default=None,
                    help="planner bench: kills per drill, one drill per count and round (default 1,2,4; one count "
-                        "must be 3 or more)")
-    p.add_argument("--faults", type=int, default=10,
-                   help="soak bench: how many faults its schedule holds (at least one of each kind: 7)")
+                        "must be 3 or more); goodput bench --faults kill: kills in its schedule (default 4)")
+    p.add_argument("--faults", default=None,
+                   help="soak bench: how many faults its schedule holds (default 10; at least one of each kind: 7); "
+                        "goodput bench: demo (the demo's notice and kill, against waiting for the draining node; the "
+                        "default) or kill (a schedule of --kills kills, snapshots and going on with the survivor "
+                        "against neither)")
     p.add_argument("--script", action="store_true",
                    help="recovery bench: a Hugging Face Trainer script (spotray train --script) against the same "
                         "script with Ray's RayTrainReportCallback, on S3 (--storage s3, --fault kill)")

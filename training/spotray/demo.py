@@ -46,11 +46,13 @@ def demo_config_path() -> str:
 
 @dataclass
 class FaultInjector:
-    """Watches the run's progress in storage and interrupts it at the planned steps (notice, then kill)."""
+    """Watches the run's progress in storage and interrupts it at the planned steps (notice, then kill), each once the
+    run is back at its configured size (a run that went on with fewer workers has a node with no worker to lose)."""
 
     cluster: LocalCluster
     attempts: Location  # the run's ledger
     plan: list[tuple[str, int]]
+    capacity_gap_s: float = 0.0  # how long the cluster stays a node short after each fault
     injected: list[dict] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _known: dict[str, ledger.AttemptInfo] = field(default_factory=dict)  # attempt records read so far
@@ -71,11 +73,16 @@ class FaultInjector:
             victim = self.cluster.nodes[-1]  # the newest worker node runs a training worker
             (self.cluster.preempt_with_notice if kind == "notice" else self.cluster.kill)(victim)
             self.injected.append({"kind": kind, "at": time.time(), "step_seen": self._current_step()})
+            if self._stop.wait(self.capacity_gap_s):
+                return
             self.cluster.add_node()  # the replacement spot node
 
     def _current_step(self) -> int:
+        """The step of the attempt training now, 0 while it runs below its configured size."""
         attempts = ledger.read_attempts(self.attempts, self._known)
-        status = goodput.read_status(self.attempts, attempts[-1].attempt_id) if attempts else None
+        if not attempts or attempts[-1].world_size < attempts[-1].configured_workers:
+            return 0
+        status = goodput.read_status(self.attempts, attempts[-1].attempt_id)
         return (status or {}).get("step") or 0
 
 

@@ -143,8 +143,13 @@ def test_recovery_bench_of_a_trainer_script_against_rays_integration():
 @pytest.mark.parametrize(("argv", "error"), [
     (["planner", "--kills", "x"], "--kills 'x': give counts of kills per drill"),
     (["planner", "--kills", "1,2"], "--kills 1,2: give counts of 1 or more, one of them 3 or more"),
-    (["planner", "--steps", "300"], "--steps 300 is too few for 4 kills: give at least 551")])
-def test_the_planner_bench_refuses_bad_arguments_before_starting_anything(argv, error, capsys):
+    (["planner", "--steps", "300"], "--steps 300 is too few for 4 kills: give at least 551"),
+    (["goodput", "--faults", "notice"], "--faults notice: give demo (the demo's notice and kill) or kill"),
+    (["goodput", "--faults", "kill", "--kills", "x"], "--kills 'x': give one whole number"),
+    (["goodput", "--faults", "kill", "--kills", "0"], "--kills 0: give 1 or more"),
+    (["goodput", "--faults", "kill", "--steps", "300"], "--steps 300 is too few for 4 kills: give at least 551"),
+    (["soak", "--faults", "many"], "--faults 'many': give one whole number")])
+def test_the_fault_schedule_benches_refuse_bad_arguments_before_starting_anything(argv, error, capsys):
     from spotray.cli import main
 
     assert main(["bench", *argv, "--json"]) == 2

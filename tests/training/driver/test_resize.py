@@ -79,6 +79,20 @@ def test_a_shrunk_group_grows_on_its_next_restart_where_the_whole_group_fits_and
     assert callback.avoid == ("node-a", "node-c")
 
 
+def test_a_group_grown_back_within_the_fit_shrinks_again_on_its_next_loss(monkeypatch):
+    """The loop fails its shrunk group on purpose to grow back (every node answers: Ray's whole size); the restart
+    after a later loss is sized from the grown group, not the shrunk one it replaced."""
+    lost = iter([("node-c",), (), ("node-e",)])
+    monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: next(lost))
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: 3)
+    callback = started(ShrinkOnLoss(SHRINKS))
+    assert restart(callback) == 3
+    started(callback, ("node-a", "node-b", "node-d"))
+    assert restart(callback) == 4
+    started(callback, ("node-a", "node-b", "node-d", "node-e"))
+    assert restart(callback) == 3
+
+
 def test_without_min_workers_a_lost_node_or_a_worker_groups_failure_nothing_changes(monkeypatch):
     monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: 1)
     monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: ("node-c",))

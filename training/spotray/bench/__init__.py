@@ -39,7 +39,10 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "goodput":
         from spotray.bench.goodput import run as run_goodput
 
-        return run_goodput(steps=args.steps or 6000, rounds=args.rounds)
+        if args.faults == "kill":
+            return run_goodput(steps=args.steps or 10000, rounds=args.rounds, faults="kill",
+                               kills=_one_count(args.kills or "4"), **_gap(args))
+        return run_goodput(steps=args.steps or 6000, rounds=args.rounds, faults=args.faults or "demo")
     if which == "export":
         from spotray.bench.export import run as run_export
 
@@ -47,11 +50,11 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "soak":
         from spotray.bench.soak import run as run_soak
 
-        return run_soak(minutes=args.minutes, seed=args.seed, faults=args.faults)
+        return run_soak(minutes=args.minutes, seed=args.seed, faults=_one_count(args.faults or "10", "--faults"))
     if which == "planner":
         from spotray.bench.planner import run as run_planner
 
-        return run_planner(steps=args.steps or 1800, kills=_counts(args.kills), rounds=args.rounds)
+        return run_planner(steps=args.steps or 1800, kills=_counts(args.kills or "1,2,4"), rounds=args.rounds)
     if which == "compile":
         from spotray.bench.compile import run as run_compile
 
@@ -90,3 +93,9 @@ def _counts(arg: str) -> tuple[int, ...]:
     if not counts:
         raise SpotrayError(f"--kills {arg!r}: give counts of kills per drill, comma-separated, e.g. 1,2,4")
     return counts
+
+
+def _one_count(arg: str, flag: str = "--kills") -> int:
+    if not arg.strip().isdigit():
+        raise SpotrayError(f"{flag} {arg!r}: give one whole number, e.g. 4")
+    return int(arg)

@@ -1,30 +1,52 @@
-"""``spotray bench goodput``: the demo's drill (a tiny GPT, DDP on 2 workers of a local 3-node Ray cluster, one
-preemption notice and one node killed) run long enough for goodput to mean something, with and without what
-shortens a preemption: moving on the notice (``fault_tolerance.move_on_notice``) and the Young–Daly checkpoint
-interval (``checkpoint.every_steps: auto``, planned for the drill's own interruption rate). The baseline waits for
-the draining node and checkpoints every 50 steps, the fixed default."""
+"""``spotray bench goodput``: the demo's drill (a tiny GPT, DDP on 2 workers of a local 3-node Ray cluster) run long
+enough for goodput to mean something, with and without what shortens an interruption.
+
+``--faults demo`` (the default): the demo's notice and kill. The baseline waits for the draining node and checkpoints
+every 50 steps, the fixed default; spotray moves on the notice (``fault_tolerance.move_on_notice``) and takes the
+Young–Daly checkpoint interval (``checkpoint.every_steps: auto``, planned for the drill's own interruption rate).
+
+``--faults kill``: a schedule of kills without notice, each followed by a replacement node only ``capacity_gap_s``
+later (a spot pool that takes a while to give a node back). ``off``: no snapshots, the run waits for the replacement;
+``on``: in-memory snapshots (``snapshot.every_steps: auto``) and going on with the survivor
+(``scaling.min_workers: 1``), growing back once the replacement has joined. Both checkpoint every 50 steps."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from spotray import demo
+from spotray.bench import planner
 from spotray.bench.common import machine, new_workdir
 from spotray.drills.cluster import ReusedCluster, given_or_own
+from spotray.errors import SpotrayError
 
 DRILL_INTERRUPTIONS = 2  # the demo's notice and kill
 VARIANTS = {
     "baseline": ("fault_tolerance.move_on_notice=false", "checkpoint.every_steps=50"),
     "spotray": ("fault_tolerance.move_on_notice=true", "checkpoint.every_steps=auto"),
 }
+KILL_VARIANTS = {
+    "off": ("snapshot.every_steps=0", "scaling.min_workers=2"),
+    "on": ("snapshot.every_steps=auto", "scaling.min_workers=1"),
+}
+KILLS = 4
+CAPACITY_GAP_S = 60.0  # a minute without the lost node: on EKS a GPU spot node's launch and image pull take minutes
+STEP_S = 0.05  # a step of the tiny model on 2 CPU workers, about: plans a drill's rate before it has run
 
 
-def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = None, workdir: str | None = None) -> dict:
+def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = None, workdir: str | None = None,
+        faults: str = "demo", kills: int = KILLS, capacity_gap_s: float = CAPACITY_GAP_S) -> dict:
     """``steps``: the drill's length (6000 is about 5 minutes of training on 2 CPU cores). ``clusters`` and
     ``workdir``: a caller's cluster and a folder that may already hold the demo's corpus (the drills'), else new
-    ones."""
+    ones. ``kills`` and ``capacity_gap_s``: of ``faults="kill"``."""
+    if faults == "kill":
+        return _kill_schedule(steps, rounds, clusters, workdir, kills, capacity_gap_s)
+    if faults != "demo":
+        raise SpotrayError(f"bench goodput: --faults {faults}: give demo (the demo's notice and kill) or kill (a "
+                           "schedule of --kills kills)")
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     workdir = workdir or new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
     with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
@@ -39,12 +61,36 @@ def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = Non
 
 def _drill(workdir: str, clusters: ReusedCluster, steps: int, overrides: tuple[str, ...],
            baselines: list[dict]) -> dict:
-    # Planned for the drill's own rate: the baseline's length, or else about a step per 50 ms.
-    hours = (baselines[-1]["total_s"] if baselines else steps * 0.05) / 3600
+    # Planned for the drill's own rate: the baseline's length, or else its steps at ``STEP_S``.
+    hours = (baselines[-1]["total_s"] if baselines else steps * STEP_S) / 3600
     rate = f"fault_tolerance.expected_interruptions_per_hour={DRILL_INTERRUPTIONS / hours:.1f}"
     summary = demo.run(workdir, (f"train.max_steps={steps}", *overrides, rate), clusters)
+    return {**_measured(summary), "lost_steps_at_most": summary["lost_steps_at_most"], "injected": summary["injected"]}
+
+
+def _kill_schedule(steps: int, rounds: int, clusters: ReusedCluster | None, workdir: str | None, kills: int,
+                   capacity_gap_s: float) -> dict:
+    if kills < 1:
+        raise SpotrayError(f"bench goodput: --kills {kills}: give 1 or more")
+    plan = planner.spread_kills(kills, steps, seed=kills)  # the same schedule for both variants
+    hours = (steps * STEP_S + kills * capacity_gap_s) / 3600
+    rate = f"fault_tolerance.expected_interruptions_per_hour={kills / hours:.1f}"
+    results: dict[str, list[dict]] = {name: [] for name in KILL_VARIANTS}
+    workdir = workdir or new_workdir()
+    data_url = demo.stdlib_corpus(workdir)
+    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
+        for r in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
+            for name, overrides in KILL_VARIANTS.items():
+                run_dir = planner.drill(Path(workdir) / f"kills-{name}-{r}", data_url, steps, plan, reused,
+                                        (*overrides, "checkpoint.every_steps=50", rate), capacity_gap_s)
+                results[name].append(_measured(json.loads((run_dir / "summary.json").read_text())))
+    best = {name: max(r["goodput"] for r in runs) for name, runs in results.items()}
+    return {"machine": machine(), "model": "tiny", "steps": steps, "faults": "kill",
+            "kills_at_steps": [step for _, step in plan], "capacity_gap_s": capacity_gap_s, **results,
+            "goodput_best": best, "goodput_gain": round(best["on"] - best["off"], 4)}
+
+
+def _measured(summary: dict) -> dict:
     return {"goodput": summary["goodput"], "total_s": summary["time"]["total_s"],
             "seconds": summary["time"]["seconds"], "lost_steps": summary["lost_steps"],
-            "lost_steps_at_most": summary["lost_steps_at_most"],
-            "events": [{k: e[k] for k in ("kind", "step", "recovery_s", "lost_steps")} for e in summary["events"]],
-            "injected": summary["injected"]}
+            "events": [{k: e[k] for k in ("kind", "step", "recovery_s", "lost_steps")} for e in summary["events"]]}

@@ -34,27 +34,30 @@ TAIL_STEPS = 100  # no kill this close to the end: the run could be finished bef
 GAP_STEPS = 60  # nor this close to the previous one: a checkpoint and the restart between
 
 
-def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]], clusters: ReusedCluster) -> Path:
-    """The demo's run with faults at ``plan``'s steps, a replacement node after each; returns the run's folder."""
+def drill(workdir: Path, data_url: str, steps: int, plan: list[tuple[str, int]], clusters: ReusedCluster,
+          overrides: tuple[str, ...] = (), capacity_gap_s: float = 0.0) -> Path:
+    """The demo's run (with ``overrides``) with faults at ``plan``'s steps, a replacement node ``capacity_gap_s`` after
+    each; returns the run's folder, which holds its ``summary.json``."""
     cfg = config.load(demo.demo_config_path(), [f"data.path={data_url}", f"checkpoint.path={workdir}",
-                                                "run.name=drill", f"train.max_steps={steps}"])
+                                                "run.name=drill", f"train.max_steps={steps}", *overrides])
     root = run_root(cfg)
     Path(root.path).mkdir(parents=True, exist_ok=True)
     config_file = Path(root.path) / "config.yaml"
     config_file.write_text(yaml.safe_dump(cfg.to_dict()))
     cluster = clusters.get()
-    injector = demo.FaultInjector(cluster, root.child("attempts"), plan).start()
+    injector = demo.FaultInjector(cluster, root.child("attempts"), plan, capacity_gap_s).start()
     try:
-        driver = subprocess.run([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file)],
+        driver = subprocess.run([sys.executable, "-m", "spotray.cli", "train", "--config", str(config_file),
+                                 "--summary-json", str(Path(root.path) / "summary.json")],
                                 env={**cluster.node_env(), "RAY_ADDRESS": cluster.address},
                                 stdout=subprocess.DEVNULL, timeout=1800)
     finally:
         injector.stop()
     if driver.returncode != 0:
         clusters.discard()
-        raise SpotrayError(f"bench planner: a drill failed; Ray's logs are in {clusters.log_dir}")
+        raise SpotrayError(f"bench: a fault drill failed; Ray's logs are in {clusters.log_dir}")
     if len(injector.injected) != len(plan):
-        raise SpotrayError(f"bench planner: injected {injector.injected}, planned {plan}")
+        raise SpotrayError(f"bench: a fault drill injected {injector.injected}, planned {plan}")
     return Path(root.path)
 
 
@@ -63,7 +66,7 @@ def spread_kills(kills: int, steps: int, seed: int) -> list[tuple[str, int]]:
     to a sixth of the spacing (so repeats land at other points of the checkpoint interval)."""
     spacing = (steps - TAIL_STEPS) / (kills + 1)
     if spacing < GAP_STEPS * 1.5:
-        raise SpotrayError(f"bench planner: --steps {steps} is too few for {kills} kills: give at least "
+        raise SpotrayError(f"--steps {steps} is too few for {kills} kills: give at least "
                            f"{int(TAIL_STEPS + GAP_STEPS * 1.5 * (kills + 1)) + 1}")
     rng = random.Random(seed)
     jitter = int(spacing / 6)

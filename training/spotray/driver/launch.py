@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # end, failure and notice (a 10-step run took 33 s against 27.5 s at these). Each poll is one small call per worker.
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
-MOVED, GREW = "moved", "grew"  # an attempt that ended to be started again: on other capacity, or all workers
+MOVED = "moved"  # an attempt that ended on a notice, to be started again on other capacity
 
 
 def ray_train_fn(config: dict) -> None:
@@ -183,11 +183,11 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
-    other capacity) or ended to grow back to the whole group. Within a fit, Ray Train restarts the workers,
+    other capacity). Within a fit, Ray Train restarts the workers (also to grow back to the whole group),
     ``FailureBudget`` keeps the budgets and ``ShrinkOnLoss`` sizes the restarts."""
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
-    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget) in (MOVED, GREW):
+    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget) == MOVED:
         why = preemptions_spent(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0))
         if why:
             raise TrainingFailed(why)
@@ -284,7 +284,7 @@ def log_location(cfg: TrainConfig) -> Location:
 
 def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> str | None:
     """One Ray Train run of the loop (``cfg`` as the workers get it); how its last attempt ended where it ended to
-    be started again (``MOVED`` on a notice, ``GREW`` back), else None."""
+    be started again (``MOVED`` on a notice), else None."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
@@ -312,7 +312,7 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
-    return GREW if status.get("grew") else MOVED if status.get("moved_at") else None
+    return MOVED if status.get("moved_at") else None
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Going on with the survivors (``scaling.min_workers``): when a worker group fails because nodes were lost and the
 whole group no longer fits on the nodes left, Ray Train restarts it at once with the workers that fit instead of
-waiting for replacements; the run grows back later (the loop ends an attempt for that at a committed step, and the
-driver starts the whole group again).
+waiting for replacements; the run grows back later (the loop fails its group on purpose at a committed step, and
+Ray Train restarts it at the whole size: no node was lost, so this leaves Ray's size as it is).
 
 Ray Train's own elastic sizing decides from the autoscaling coordinator's node list, which learns of a lost node
 only after the GCS has marked it dead (about 15 s) and on a 20 s tick. spotray decides as Ray Train reports the
@@ -22,7 +22,7 @@ from spotray.driver.placement import unreachable_nodes, workers_that_fit
 
 class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
     """Within one fit (which starts with all ``num_workers``): the size of each restart after a worker group
-    failure (``workers``: the current one), and the group kept off the nodes taken as lost."""
+    failure (``workers``: the running group's), and the group kept off the nodes taken as lost."""
 
     def __init__(self, scaling: ScalingSection):
         self.scaling, self.workers = scaling, scaling.num_workers
@@ -31,7 +31,8 @@ class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
         self._restart_with: int | None = None
 
     def after_worker_group_start(self, worker_group) -> None:
-        self._nodes = {worker.metadata.node_id for worker in worker_group.get_workers()}
+        workers = worker_group.get_workers()
+        self._nodes, self.workers = {worker.metadata.node_id for worker in workers}, len(workers)
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
         if (not isinstance(current_state, RestartingState) or self.scaling.fewest_workers == self.scaling.num_workers

@@ -62,7 +62,9 @@ class MovedOnNotice(Exception):  # noqa: N818 - an outcome, not an error
 
 
 class GrowingBack(Exception):  # noqa: N818 - an outcome, not an error
-    """The attempt, below scaling.num_workers, committed its step and ends so that the whole group restarts."""
+    """The attempt, below scaling.num_workers, committed its step and fails its group on purpose: Ray Train restarts
+    it within the same fit at the configured size (no node was lost, so ``ShrinkOnLoss`` leaves Ray's size), which
+    skips ending the fit and starting a new controller. Its ledger ending, a resize, is charged to no budget."""
 
 
 class ModelOptimState:
@@ -281,6 +283,8 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         if snapshots is not None:
             snapshots.close()
         records.writer.close(timeout_s=30)
+        if isinstance(ended, GrowingBack):
+            raise
         return {"ended_to_restart": type(ended).__name__, "final_step": ended.args[0]}
     except (torch.OutOfMemoryError, MemoryError):
         log.exception("rank %d ran out of memory", env.rank)
