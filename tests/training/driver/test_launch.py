@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
+from spotray.driver import launch
 from spotray.driver.launch import _stop_on_sigterm
 from spotray.storage import resolve
 from tests.console import assert_quiet_console
@@ -77,3 +78,19 @@ def test_a_scripts_summary_gives_the_interval_its_checkpoints_show_not_the_confi
     assert _cadence(script, kept) == 5
     assert _cadence(script, kept[:1]) is None  # one checkpoint shows no interval
     assert _cadence(config.load(None, ["checkpoint.every_steps=50", "data.path=/unused"]), kept) == 50
+
+
+@pytest.mark.parametrize(("ending", "watch_saw_it", "removes"), [
+    ((endings.HEAD_LOST, "the controller went with the head"), False, False),  # before the watch's own verdict
+    ((endings.HEAD_LOST, "the watch"), True, False),
+    ((endings.STOPPED, "Ctrl-C"), False, True),
+    ((None, ""), False, True)])
+def test_a_driver_that_lost_its_head_never_asks_it_to_remove_the_snapshot_holders(tmp_path, monkeypatch, ending,
+                                                                                 watch_saw_it, removes):
+    """A call to a lost head waits until Ray ends the driver without a word: the run's one line would never show."""
+    removed: list[str] = []
+    monkeypatch.setattr(launch, "remove_holders", removed.append)
+    root = resolve(str(tmp_path))
+    launch._end_driver(root.child("attempts"), root, ending, watch_saw_it)
+    assert removed == ([root.url] if removes else [])
+    assert json.loads(root.child("attempts", endings.DRIVER_FILE).read_text())["kind"] == ending[0]

@@ -172,9 +172,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
             raise user_script.ScriptFailed(cause.removeprefix(failed_script)) from exc
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
     finally:
-        _record_driver_end(attempts, *ending)
-        if not head.lost:  # with the head, they are gone; and a call to it would wait for it
-            _remove_snapshots(root)
+        _end_driver(attempts, root, ending, head.lost)
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
@@ -196,6 +194,15 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
 def _newest_attempt(attempts: Location) -> str | None:
     newest = ledger.read_attempts(attempts)[-1:]
     return newest[0].attempt_id if newest else None
+
+
+def _end_driver(attempts: Location, root: Location, ending: tuple[str | None, str], head_lost: bool) -> None:
+    """Records how this driver ended, then removes the run's snapshot holders unless the head was lost (seen by the
+    watch, or by the controller's loss while the head did not answer): they went with it, and a call to a lost head
+    waits until Ray ends this process without a word, before the run's one line is printed."""
+    _record_driver_end(attempts, *ending)
+    if not head_lost and ending[0] != endings.HEAD_LOST:
+        _remove_snapshots(root)
 
 
 def _remove_snapshots(root: Location) -> None:
