@@ -13,6 +13,7 @@ later (a spot pool that takes a while to give a node back). ``off``: no snapshot
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import yaml
@@ -47,16 +48,28 @@ def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = Non
     if faults != "demo":
         raise SpotrayError(f"bench goodput: --faults {faults}: give demo (the demo's notice and kill) or kill (a "
                            "schedule of --kills kills)")
-    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     workdir = workdir or new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
-    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
-        for _ in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-            for name, overrides in VARIANTS.items():
-                results[name].append(_drill(workdir, reused, steps, overrides, results["baseline"]))
-    best = {name: max(r["goodput"] for r in runs) for name, runs in results.items()}
-    model = yaml.safe_load(Path(demo.demo_config_path()).read_text())["model"]["preset"]
-    return {"machine": machine(), "model": model, "steps": steps, **results,
+    results, best = _interleaved(VARIANTS, rounds, clusters, workdir, lambda name, _, reused, so_far: _drill(
+        workdir, reused, steps, VARIANTS[name], so_far["baseline"]))
+    return {"machine": machine(), "model": _model(), "steps": steps, **results,
             "goodput_best": best, "goodput_gain": round(best["spotray"] - best["baseline"], 4)}
+
+
+def _interleaved(variants: Collection[str], rounds: int, clusters: ReusedCluster | None, workdir: str,
+                 drill: Callable[[str, int, ReusedCluster, dict[str, list[dict]]], dict]
+                 ) -> tuple[dict[str, list[dict]], dict[str, float]]:
+    """``drill(variant, round, cluster, results so far)`` of every variant, ``rounds`` times, interleaved so that
+    drift on a noisy machine hits them alike; each variant's drills and its best goodput."""
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
+        for r in range(rounds):
+            for name in variants:
+                results[name].append(drill(name, r, reused, results))
+    return results, {name: max(d["goodput"] for d in runs) for name, runs in results.items()}
+
+
+def _model() -> str:
+    return yaml.safe_load(Path(demo.demo_config_path()).read_text())["model"]["preset"]
 
 
 def _drill(workdir: str, clusters: ReusedCluster, steps: int, overrides: tuple[str, ...],
@@ -75,17 +88,16 @@ def _kill_schedule(steps: int, rounds: int, clusters: ReusedCluster | None, work
     plan = planner.spread_kills(kills, steps, seed=kills)  # the same schedule for both variants
     hours = (steps * STEP_S + kills * capacity_gap_s) / 3600
     rate = f"fault_tolerance.expected_interruptions_per_hour={kills / hours:.1f}"
-    results: dict[str, list[dict]] = {name: [] for name in KILL_VARIANTS}
     workdir = workdir or new_workdir()
     data_url = demo.stdlib_corpus(workdir)
-    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
-        for r in range(rounds):  # interleaved, so drift on a noisy machine hits both alike
-            for name, overrides in KILL_VARIANTS.items():
-                run_dir = planner.drill(Path(workdir) / f"kills-{name}-{r}", data_url, steps, plan, reused,
-                                        (*overrides, "checkpoint.every_steps=50", rate), capacity_gap_s)
-                results[name].append(_measured(json.loads((run_dir / "summary.json").read_text())))
-    best = {name: max(r["goodput"] for r in runs) for name, runs in results.items()}
-    return {"machine": machine(), "model": "tiny", "steps": steps, "faults": "kill",
+
+    def drill(name: str, r: int, reused: ReusedCluster, _: dict) -> dict:
+        run_dir = planner.drill(Path(workdir) / f"kills-{name}-{r}", data_url, steps, plan, reused,
+                                (*KILL_VARIANTS[name], "checkpoint.every_steps=50", rate), capacity_gap_s)
+        return _measured(json.loads((run_dir / "summary.json").read_text()))
+
+    results, best = _interleaved(KILL_VARIANTS, rounds, clusters, workdir, drill)
+    return {"machine": machine(), "model": _model(), "steps": steps, "faults": "kill",
             "kills_at_steps": [step for _, step in plan], "capacity_gap_s": capacity_gap_s, **results,
             "goodput_best": best, "goodput_gain": round(best["on"] - best["off"], 4)}
 
