@@ -220,14 +220,10 @@ def worker_resources(job: TrainingJobConfig, snapshot: SnapshotSection | None) -
 
 
 def snapshot_gib(snapshot: SnapshotSection | None) -> int:
-    """What a worker pod adds for the run's in-memory snapshots: ``snapshot.max_gb_per_node``, in whole GiB."""
-    if snapshot is None or not snapshot.enabled:
+    """What a worker pod adds for the run's in-memory snapshots: ``snapshot.max_gb_per_node``, in whole GiB. Unset,
+    it adds nothing, and the holders take at most half of the room the pod's limit leaves, read at every write."""
+    if snapshot is None or not snapshot.enabled or snapshot.max_bytes is None:
         return 0
-    if snapshot.max_bytes is None:
-        raise ConfigError("snapshot.max_gb_per_node", "is unset while snapshots are on, so a worker pod's memory "
-                          "request cannot include them",
-                          "set it to about 4 x the training state (model and optimizer) / num_workers: each node "
-                          "holds its share and the next node's, and the newest snapshot while the next is written")
     return math.ceil(snapshot.max_bytes / (1 << 30))
 
 

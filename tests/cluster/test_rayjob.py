@@ -81,9 +81,11 @@ def test_a_workers_pod_memory_includes_its_snapshots_but_rays_memory_resource_do
     assert int(group["rayStartParams"]["memory"]) == 32 << 30  # what tasks may reserve: the holders take none
 
 
-def test_snapshots_on_a_cluster_without_their_bound_are_refused_naming_the_field():
-    with pytest.raises(ConfigError, match=r"'snapshot\.max_gb_per_node': is unset while snapshots are on.*4 x"):
-        rayjob(train_config("snapshot.every_steps=10"), SETTINGS)
+@pytest.mark.parametrize("snapshots", ["snapshot.every_steps=0", "snapshot.every_steps=auto"])
+def test_a_workers_pod_memory_without_a_snapshot_bound_is_its_own(snapshots):
+    """Unset, the holders share the room the pod's limit leaves (spotray.snapshots.holders.refusal)."""
+    group = workers(rayjob(train_config(snapshots), SETTINGS))
+    assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "32Gi"
 
 
 def test_workers_are_a_fixed_size_group_on_the_gpu_spot_pool_and_tolerate_its_taint(job):

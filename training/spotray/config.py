@@ -212,8 +212,8 @@ class SnapshotSection:
     """In-memory snapshots of the training state on the run's nodes, between checkpoints (spotray.snapshots): a
     kill then costs the steps since the last snapshot, read back from a surviving node instead of storage."""
 
-    every_steps: int | str = 0  # 0: off; a count; or auto: as often as keeps their cost under 2 % of step time
-    max_gb_per_node: float | None = None  # None: half of what the node's memory (its pod's limit) has room for
+    every_steps: int | str = AUTO  # as often as keeps their cost under 2 % of step time; a count; or 0: off
+    max_gb_per_node: float | None = None  # None: half of what the node (its pod, under its limit) has room for
 
     def __post_init__(self):
         every = self.every_steps

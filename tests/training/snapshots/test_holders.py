@@ -37,3 +37,16 @@ def test_the_room_is_the_pods_where_it_has_a_limit_and_never_more_than_the_hosts
     assert holders.node_room_bytes() == 1 << 30
     files.clear()  # no limit: the host's
     assert holders.node_room_bytes() == 1 << 30
+
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize(("used", "nbytes", "room", "refused"), [
+    (0, 40 * MB, 100 * MB, None),
+    (70 * MB, 40 * MB, 1000 * MB, "no room for 40.0 MB more: 70.0 MB of 100.0 MB held"),
+    (0, 60 * MB, 100 * MB, "the node has 100.0 MB left, and snapshots may take at most 50% of it"),  # room shrank
+])
+def test_a_holder_refuses_past_its_cap_or_half_of_the_nodes_room_at_the_time(used, nbytes, room, refused):
+    said = holders.refusal(used, nbytes, cap=100 * MB, room=room)
+    assert said is None if refused is None else refused in str(said)

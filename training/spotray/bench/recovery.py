@@ -4,7 +4,8 @@ spotray and for plain Ray Train with a rank-0 ``torch.save`` checkpoint, on the 
 against after a kill, the replacement node starting at the fault in both (as in ``spotray demo``). ``--fault both``:
 the two on one cluster, spotray's run taking its notice and kill after the kill compared with the baseline's.
 ``--fault shrink``: spotray alone, a kill timed from the fault, the replacement starting at once, with
-``scaling.min_workers=1`` (the run goes on with the survivor) against without (it waits for the replacement).
+``scaling.min_workers=1`` and in-memory snapshots (the run goes on with the survivor) against neither (it waits for
+the replacement, as it did before issue 44).
 
 Each fault: once a checkpoint later than where the run last resumed exists, a worker node of a head plus 2 worker
 nodes (the cluster the previous drill left whole, or a new one) gets a notice or is SIGKILLed; for the kills compared
@@ -48,11 +49,13 @@ SETTLE_S = 1.0  # after the checkpoint a fault waits for, so that Ray has regist
 def _config(data_url: str, ckpt_url: str, endpoint: str | None, name: str, preset: str, every: int,
             faults: int) -> config.TrainConfig:
     """Steps enough for every fault to land before the run ends: each lands within about two checkpoint intervals of
-    the step the run last resumed from (a checkpoint after it, seen up to a driver's poll late)."""
+    the step the run last resumed from (a checkpoint after it, seen up to a driver's poll late). Without in-memory
+    snapshots: every compared restart reads a checkpoint, as the baseline's does."""
     return config.load(None, [
         f"data.path={data_url}", f"checkpoint.path={ckpt_url}", f"run.name={name}", f"model.preset={preset}",
         "train.seq_len=128", "train.global_batch_size=8", f"train.max_steps={(2 * faults + 1) * every}",
         "train.log_every=1", f"checkpoint.every_steps={every}", "checkpoint.keep_last=2", "scaling.num_workers=2",
+        "snapshot.every_steps=0",
         "env.on_nodes=true",  # the nodes inherit the storage credentials, as the RayJob's pods get them
         *([f"storage.endpoint_url={endpoint}"] if endpoint else []),
     ])
@@ -241,11 +244,13 @@ def _round(fault: str, compared: Fault, cfg_for: Callable[[str, int], config.Tra
 def _shrink_round(cfg_for: Callable[[str, int], config.TrainConfig], i: int, workdir: str,
                   clusters: ReusedCluster) -> dict[str, dict]:
     """A kill with the replacement starting at once (as in ``spotray demo``), timed from the fault: a run that waits
-    for it (``kill``), then one that goes on with the survivor (``shrink``: ``scaling.min_workers=1``)."""
+    for it (``kill``, today's behaviour), then one that goes on with the survivor (``shrink``:
+    ``scaling.min_workers=1`` and the default ``snapshot.every_steps: auto``)."""
     drills = {}
-    for kind, min_workers in (("kill", None), ("shrink", 1)):
+    for kind, min_workers, snapshots in (("kill", None, 0), ("shrink", 1, config.AUTO)):
         cfg = cfg_for(f"{kind}-{i}", 1)
-        cfg = dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, min_workers=min_workers))
+        cfg = dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, min_workers=min_workers),
+                                  snapshot=config.SnapshotSection(snapshots))
         ((resumed, fault_at, _),) = interrupt(functools.partial(_spotray_job, cfg), job_log(workdir, cfg.run.name),
                                               (Fault("kill", 0.0),), clusters)
         drills[kind] = from_the_replacement(resumed, fault_at)

@@ -40,10 +40,7 @@ class SnapshotHolder:
     def refusal(self, path: str, nbytes: int) -> str | None:
         """Why a file of ``nbytes`` would be refused (asked before it is sent: a refused one never takes memory
         here), or None."""
-        used = sum(len(v) for k, v in self.files.items() if k != path)
-        if used + nbytes > self.cap:
-            return f"no room for {nbytes / 1e6:.1f} MB more: {used / 1e6:.1f} MB of {self.cap / 1e6:.1f} MB held"
-        return None
+        return refusal(sum(len(v) for k, v in self.files.items() if k != path), nbytes, self.cap, node_room_bytes())
 
     def put(self, path: str, data: bytes) -> str | None:
         """None, or why the file was refused."""
@@ -69,6 +66,17 @@ class SnapshotHolder:
     def usage(self) -> tuple[int, int]:
         """Bytes held, and the cap."""
         return sum(len(v) for v in self.files.values()), self.cap
+
+
+def refusal(used: int, nbytes: int, cap: int, room: int) -> str | None:
+    """Why a holder with ``used`` of its ``cap`` bytes refuses ``nbytes`` more while its node has ``room`` left, or
+    None. The room is read at every file: the training processes on the node may have grown since the holder began."""
+    if used + nbytes > cap:
+        return f"no room for {nbytes / 1e6:.1f} MB more: {used / 1e6:.1f} MB of {cap / 1e6:.1f} MB held"
+    if nbytes > room * ROOM_SHARE:
+        return (f"no room for {nbytes / 1e6:.1f} MB more: the node has {room / 1e6:.1f} MB left, and snapshots "
+                f"may take at most {ROOM_SHARE:.0%} of it")
+    return None
 
 
 class RayHolder:
