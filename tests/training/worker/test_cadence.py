@@ -74,11 +74,16 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
     assert interval.steps == 25
 
 
-def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap():
+def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap(caplog):
+    caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
     assert [s for s in range(101, 125) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 125))
     interval.taken(110, blocking_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
     assert interval.steps == 20 and not interval.due(129) and interval.due(130)
+    assert "snapshot interval: every 20 steps (was 10)" in caplog.text  # said when it changes, as a checkpoint's is
+    caplog.clear()
+    interval.taken(130, blocking_s=0.02, whole_s=0.05, step_s=0.1)
+    assert caplog.text == ""
     interval.taken(130, blocking_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
     assert interval.steps == 2  # sqrt(2 x 0.0001 x 100) = 0.14 s
     frequent = SnapshotInterval("auto", 3600.0, start_step=0)  # Young-Daly would snapshot every 0.45 s

@@ -112,8 +112,14 @@ class SnapshotInterval:
         """A snapshot (or a checkpoint, which holds the same state) at ``step`` blocked ``blocking_s`` of
         ``whole_s``; the same values on every rank."""
         self.last_step = step
-        if self.auto and step_s > 0:
-            self.steps = snapshot_interval_steps(blocking_s, whole_s, step_s, self.interruptions_per_hour)
+        if not self.auto or step_s <= 0:
+            return
+        steps = snapshot_interval_steps(blocking_s, whole_s, step_s, self.interruptions_per_hour)
+        if steps != self.steps:
+            log.info("snapshot interval: every %d steps (was %d): a snapshot blocks %.3f s of %.3f s, a step takes "
+                     "%.3f s, %g interruptions expected per hour", steps, self.steps, blocking_s, whole_s, step_s,
+                     self.interruptions_per_hour)
+            self.steps = steps
 
 
 class PreemptionChecks:
