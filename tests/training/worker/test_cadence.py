@@ -1,5 +1,5 @@
 """The checkpoint interval (Young–Daly's formula, its bounds, ``every_steps: auto`` following measured saves) and the
-preemption checks' cadence."""
+preemption checks' cadence, and when a shrunk run grows back."""
 
 import logging
 import math
@@ -198,3 +198,28 @@ def test_auto_preemption_checks_ask_at_the_same_steps_on_every_rank_about_once_a
     assert asked[0] == 1
     gaps = [b - a for a, b in zip(asked[2:], asked[3:], strict=False)]  # once steps are timed
     assert gaps and all(3 <= gap <= CHECK_EVERY_S / 0.04 for gap in gaps), asked
+
+
+def _train_shrunk_with_slow_async_saves(rank: int, world_size: int, config: dict) -> dict:
+    """A rank of the drill below: rank 1's background writes lag, so rank 0's save reaches its next collective
+    while rank 1's main thread is already asking whether to grow."""
+    from spotray.checkpoints.dcp import _CommittingWriter
+    from spotray.drills.process_group import train_worker
+
+    write = _CommittingWriter.write_data
+
+    def lagging(self, plan, planner):
+        if rank == 1:
+            time.sleep(0.5)
+        return write(self, plan, planner)
+
+    _CommittingWriter.write_data = lagging  # type: ignore[method-assign]  # patched in this rank's process
+    return train_worker(rank, world_size, config)
+
+
+@pytest.mark.e2e
+def test_a_shrunk_run_asks_whether_to_grow_while_an_async_save_runs_its_collectives(dataset_url, tmp_path):
+    cfg = make_config(dataset_url, str(tmp_path), "grow-async", "train.max_steps=20", "checkpoint.every_steps=5",
+                      "checkpoint.async=true", "scaling.num_workers=3", "scaling.min_workers=1")
+    final = run_on_process_group(_train_shrunk_with_slow_async_saves, (cfg.to_dict(),), 2, timeout_s=120)
+    assert final["final_step"] == 20 and final["failed_saves"] == 0

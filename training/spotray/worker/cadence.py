@@ -215,7 +215,8 @@ class GrowBack:
     """Whether a run below ``scaling.num_workers`` grows back now. Rank 0 looks at the cluster (``fits``: the whole
     group would fit) when asked, at committed steps; the run grows once it has seen room at every look for
     ``after_s`` (``scaling.grow_after_s``). A node that comes and goes within that never ends an attempt, and a run
-    only ever shrinks after a loss: the size cannot flap. A collective: every rank asks alike and follows rank 0."""
+    only ever shrinks after a loss: the size cannot flap. A collective: every rank asks alike and follows rank 0
+    (``agree``: see ``rank0_decides``)."""
 
     def __init__(self, fits: Callable[[], bool], agree: Callable, rank: int, after_s: float,
                  clock: Callable[[], float] = time.monotonic):
@@ -229,6 +230,12 @@ class GrowBack:
             self.fits_since = (self.fits_since if self.fits_since is not None else now) if self.fits() else None
             ready = self.fits_since is not None and now - self.fits_since >= self.after_s
         return bool(self.agree(ready))
+
+
+def rank0_decides(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag`` on every rank (the others pass False), over the training group: a save in flight runs its
+    collectives on the checkpoints' group in the background, and one asked there meanwhile could pair with them."""
+    return slowest_rank((float(flag),), device)[0] > 0
 
 
 def slowest_rank(values: tuple[float, ...], device: torch.device) -> list[float]:

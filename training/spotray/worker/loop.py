@@ -49,6 +49,7 @@ from spotray.worker.cadence import (
     SnapshotInterval,
     move_or_wait,
     nominal_every_steps,
+    rank0_decides,
     slowest_rank,
     too_short,
 )
@@ -380,7 +381,8 @@ class _StepLoop:
         self.evaluator = (Evaluator(cfg, parts.task, open_val_dataset(parts.task), env.rank, env.world_size,
                                     env.device) if cfg.evaluates else None)
         self.val_losses: dict[int, float | None] = {}  # this attempt's evaluations, for the checkpoints' commit markers
-        self.grow_back = (GrowBack(env.whole_group_fits, checkpointer.agree, env.rank, cfg.scaling.grow_after_s)
+        self.grow_back = (GrowBack(env.whole_group_fits, functools.partial(rank0_decides, device=env.device), env.rank,
+                                    cfg.scaling.grow_after_s)
                           if env.world_size < cfg.scaling.num_workers else None)
 
     def run(self) -> dict:
