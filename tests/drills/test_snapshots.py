@@ -76,7 +76,8 @@ def test_a_kill_resumes_from_the_survivors_snapshot_bitwise_reading_no_checkpoin
     held = second.status_of("snapshot", None)  # what `spotray status` and the gauges show
     assert held["step"] > second_from and len(held["nodes"]) == WORKERS, held
     assert all(0 < node["bytes"] < node["cap"] for node in held["nodes"].values()), held
-    assert FELL_BACK not in (tmp_path / "driver.log").read_text()
+    console = (tmp_path / "driver.log").read_text()
+    assert FELL_BACK not in console and f"from step {second_from} (a snapshot in memory)" in console, console[-3000:]
     straight = train_on_process_group(config.load(None, [*drill_settings(dataset_url, str(tmp_path / "straight")),
                                                          f"parallel={parallel}", f"scaling.num_workers={WORKERS}"]
                                                        ).to_dict(), WORKERS)

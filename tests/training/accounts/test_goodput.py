@@ -157,7 +157,7 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
                   world_size=4)
     endings.record(root, "a", endings.KILL, "node ray-a (spot) lost: Ray says UNEXPECTED_TERMINATION")
     write_attempt(root, "b", 48, 90, {"entered_at": 1115.0, "first_step_at": 1120.0, "last_seen": 1200.0, "step": 90,
-                                      "grew": {"step": 90, "at": 1200.0}}, world_size=2)
+                                      "grew": {"step": 90, "at": 1200.0}, "from_snapshot": True}, world_size=2)
     monitor.poll()
     write_attempt(root, "c", 90, 100, {"entered_at": 1204.0, "first_step_at": 1210.0, "last_seen": 1230.0,
                                        "step": 100}, world_size=4)
@@ -167,7 +167,8 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
     assert lines == [
         "spotray: SPOT INTERRUPTION without notice at step 50: spot node lost without notice (node ray-a (spot) "
         "lost: Ray says UNEXPECTED_TERMINATION)",
-        "spotray: SHRUNK to 2 workers from step 48: the lost node's workers had nowhere to go; 10.0s after the "
+        "spotray: SHRUNK to 2 workers from step 48 (a snapshot in memory): the lost node's workers had nowhere to "
+        "go; 10.0s after the "
         "interruption, 2 steps lost by the records, at most 3; growing back when capacity returns",
         "spotray: GREW to 4 workers from step 90: capacity for the whole group was back; 10.0s from the last step, "
         "0 steps lost"]

@@ -183,7 +183,7 @@ def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     goodput_status = goodput.read_status(attempts, "c")
     assert goodput_status is not None
     attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps(
-        {**goodput_status, "error": "FloatingPointError: loss is nan at step 90"}))
+        {**goodput_status, "error": "FloatingPointError: loss is nan at step 90", "from_snapshot": True}))
     kib = [f"{c['bytes'] / 1024:.1f} KiB" for c in status_json(run.url, capsys=capsys)["checkpoints"]]
     assert main(["status", run.url]) == 0
     text = capsys.readouterr().out
@@ -194,7 +194,7 @@ def test_the_text_says_the_same_in_a_few_lines(run, capsys):
     assert ("notice at step 50 (spot interruption, notice at step 50): 0 steps lost, resumed from step 50 after 50.0s"
             in text)
     assert ("kill at step 80 (spot interruption, node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION): 10 steps "
-            "lost (at most 11), resumed from step 70 after 25.0s" in text)
+            "lost (at most 11), resumed from step 70 (a snapshot in memory) after 25.0s" in text)
     assert "attempts     3, 2 spot interruptions, 10 steps lost" in text
     assert ("goodput      30.0% of 300s; badput: startup 23s, restore 2s, checkpoint_save 3s, eval 0s, wasted 10s"
             in text)

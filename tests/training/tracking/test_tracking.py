@@ -112,7 +112,7 @@ def test_two_attempts_make_one_tracker_run_each_with_one_point_per_step_of_the_l
     assert mlflow_run.data.params["train.log_every"] == str(LOG_EVERY)
     assert mlflow_run.data.params["tracking.wandb.mode"] == "offline"
     kill = {"kind": "kill", "reason": KILLED, "spot": True, "step": 30, "lost_steps": 10, "lost_steps_at_most": 19,
-            "recovery_s": 70.0, "resumed_from": 20}
+            "recovery_s": 70.0, "resumed_from": 20, "from_snapshot": False}
     assert json.loads(mlflow_run.data.tags["spotray.ending.1"]) == kill
     assert mlflow_run.data.metrics["summary/final_loss"] == loss(40)
     assert wandb_summary(run.wandb_dir, run.run_id("wandb"))["endings"] == [kill]

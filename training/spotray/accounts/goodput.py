@@ -77,6 +77,7 @@ class Event:
     recovery_s: float | None  # interruption -> first step of the next attempt
     resumed_from: int
     interrupted_at: float  # UNIX time
+    from_snapshot: bool  # the next attempt restored ``resumed_from`` from the snapshots' memory, not from storage
 
     @property
     def spot(self) -> bool:
@@ -87,7 +88,12 @@ class Event:
                 "lost_steps": self.lost_steps,
                 "lost_steps_at_most": self.lost_steps_at_most,
                 "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
-                "resumed_from": self.resumed_from}
+                "resumed_from": self.resumed_from, "from_snapshot": self.from_snapshot}
+
+
+def resumed_point(resumed_from: int, from_snapshot: bool) -> str:
+    """Where the next attempt resumed, as every report says it."""
+    return f"step {resumed_from}" + (" (a snapshot in memory)" if from_snapshot else "")
 
 
 @dataclass(frozen=True)
@@ -216,4 +222,4 @@ def interruption(prev: AttemptRecord, cur: AttemptRecord) -> Event:
     unrecorded = 0 if (notice and notice["committed"]) or ending.kind in (endings.FINISHED, endings.RESIZE) else (
         2 * int(prev.status_of("log_every", 1)) - 1)
     return Event(ending.kind, ending.reason, step, lost, lost + unrecorded, recovery, cur.info.from_step,
-                 interrupted_at)
+                 interrupted_at, bool(cur.status_of("from_snapshot", False)))

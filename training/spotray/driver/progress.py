@@ -141,14 +141,14 @@ class ProgressMonitor:
         if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
             self._event(f"CONTINUING from step {event.resumed_from} on {cur.world_size} workers, {_lost(event)}")
         elif event.kind == endings.RESIZE:
-            self._event(f"GREW to {cur.world_size} workers from step {event.resumed_from}: capacity for the whole "
+            self._event(f"GREW to {cur.world_size} workers from {_resumed(event)}: capacity for the whole "
                         f"group was back; {event.recovery_s:.1f}s from the last step, {_lost(event)}")
         elif cur.world_size < prev.world_size:
-            self._event(f"SHRUNK to {cur.world_size} workers from step {event.resumed_from}: the lost node's "
+            self._event(f"SHRUNK to {cur.world_size} workers from {_resumed(event)}: the lost node's "
                         f"workers had nowhere to go; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
                         "growing back when capacity returns")
         else:
-            self._event(f"RESUMED from step {event.resumed_from} on {cur.world_size} workers, "
+            self._event(f"RESUMED from {_resumed(event)} on {cur.world_size} workers, "
                         f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
 
     def _capacity(self) -> None:
@@ -206,6 +206,10 @@ def _ending_line(event: goodput.Event) -> str | None:
     what = "SPOT INTERRUPTION without notice" if event.spot else "INTERRUPTED"
     detail = "" if event.reason == endings.DESCRIPTIONS[event.kind] else f" ({event.reason})"
     return f"{what} at step {event.step}: {endings.DESCRIPTIONS[event.kind]}{detail}"
+
+
+def _resumed(event: goodput.Event) -> str:
+    return goodput.resumed_point(event.resumed_from, event.from_snapshot)
 
 
 def _lost(event: goodput.Event) -> str:

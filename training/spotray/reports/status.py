@@ -294,7 +294,8 @@ def _ending_text(event: dict) -> str:
         resumed = f"continued from step {event['resumed_from']} by a rerun"
     else:
         resumed = ("not resumed yet" if event["recovery_s"] is None else
-                   f"resumed from step {event['resumed_from']} after {event['recovery_s']:.1f}s")
+                   f"resumed from {goodput.resumed_point(event['resumed_from'], event['from_snapshot'])} after "
+                   f"{event['recovery_s']:.1f}s")
     spot = "spot interruption, " if event["spot"] else ""
     return (f"{event['kind']} at step {event['step']} ({spot}{event['reason']}): {event['lost_steps']} steps lost"
             f"{_at_most(event)}, {resumed}")

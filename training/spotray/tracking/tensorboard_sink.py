@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spotray.accounts.goodput import resumed_point
 from spotray.config import TensorboardSection
 from spotray.storage import Location
 from spotray.tracking.feed import Row
@@ -36,8 +37,8 @@ class TensorboardSink:
         for event in events[new_from:]:
             recovery = "-" if event["recovery_s"] is None else f"{event['recovery_s']} s"
             self.writer.add_text("endings", f"{event['kind']} at step {event['step']} ({event['reason']}): "
-                                 f"{event['lost_steps']} steps lost, resumed from step {event['resumed_from']} after "
-                                 f"{recovery}",
+                                 f"{event['lost_steps']} steps lost, resumed from "
+                                 f"{resumed_point(event['resumed_from'], event['from_snapshot'])} after {recovery}",
                                  event["resumed_from"])  # a step already logged: no later purge_step reaches it
 
     def summary(self, scalars: dict) -> None:

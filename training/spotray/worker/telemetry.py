@@ -230,6 +230,7 @@ class RankZeroTelemetry(Telemetry):
     def started(self, startup_s: float, restore_s: float, from_snapshot: bool = False) -> None:
         self.clock.add("startup", startup_s)
         self.clock.add("snapshot_restore" if from_snapshot else "restore", restore_s)
+        self.clock.update(from_snapshot=from_snapshot)
         self.gauges.set(checkpoint_restore_seconds=restore_s)
         self.clock.flush()
 
