@@ -11,7 +11,7 @@ SUMMARY = {"run_name": "r", "final_step": 60, "final_loss": 2.5, "tokens_per_s":
            "exactly_once": True, "checkpoint_every_steps": 20, "events": [],
            "checkpoints": ["/ckpt/r/checkpoints/step_000000040", "/ckpt/r/checkpoints/step_000000060"]}
 KILL = {"kind": "kill", "reason": "node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION", "spot": True, "step": 33,
-        "lost_steps": 13, "lost_steps_at_most": 22, "recovery_s": 12.25, "resumed_from": 20}
+        "lost_steps": 13, "lost_steps_at_most": 22, "recovery_s": 12.25, "resumed_from": 20, "from_snapshot": False}
 
 
 def test_a_run_without_interruptions_is_three_lines_of_known_kinds():
@@ -23,11 +23,16 @@ def test_a_run_without_interruptions_is_three_lines_of_known_kinds():
     assert all(line_kind(line) == "summary" for line in lines)
 
 
-def test_interruptions_are_a_table_and_an_auto_interval_keeps_the_result_line():
-    text = format_table({**SUMMARY, "events": [KILL], "checkpoint_every_steps": "auto", "exactly_once": None})
+def test_interruptions_are_a_table_saying_where_each_resumed_and_an_auto_interval_keeps_the_result_line():
+    from_memory = {**KILL, "step": 50, "lost_steps": 2, "lost_steps_at_most": 2, "resumed_from": 48,
+                   "from_snapshot": True}
+    text = format_table({**SUMMARY, "events": [KILL, from_memory], "checkpoint_every_steps": "auto",
+                         "exactly_once": None})
     lines = text.splitlines()
-    assert lines[0].split() == ["ending", "step", "lost", "steps", "(at", "most)", "resumed", "after"]
-    assert lines[2].split() == ["kill", "33", "13", "(22)", "12.2", "s"]
+    assert lines[0].split() == ["ending", "step", "lost", "steps", "(at", "most)", "resumed", "from", "resumed",
+                                "after"]
+    assert lines[2].split() == ["kill", "33", "13", "(22)", "20", "(checkpoint)", "12.2", "s"]
+    assert lines[3].split() == ["kill", "50", "2", "48", "(snapshot)", "12.2", "s"]
     assert lines[-1] == ("goodput 87.1% | every sample exactly once: not audited | final loss 2.5000 at step 60 | "
                          "checkpoint auto (Young–Daly)")
     assert all(line_kind(line) == "summary" for line in lines if line)

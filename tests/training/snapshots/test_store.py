@@ -50,6 +50,16 @@ def test_a_node_lost_leaves_the_rings_copy(holders):
     assert torch.equal(box.tensor, torch.full((64, 64), 10.0))
 
 
+def test_a_snapshot_cut_short_by_a_kill_is_passed_over_without_a_warning(holders, caplog):
+    take(holders, 10)
+    for holder in holders[:2]:  # the copy of step 20 was under way, its commit marker not yet written
+        holder.files["run/checkpoints/step_000000020/__0_0.distcp"] = b"part of a shard"
+    with caplog.at_level(logging.WARNING):
+        newest = snapshots_on(holders).newer_than(0)
+    assert newest is not None and newest.step == 10
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a kill mid-copy is no news
+
+
 @pytest.mark.parametrize("lose", ["both copies", "damage"])
 def test_a_snapshot_that_does_not_read_back_whole_sends_the_restore_to_storage_in_one_line(holders, caplog, lose):
     take(holders, 10)

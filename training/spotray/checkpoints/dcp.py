@@ -340,6 +340,8 @@ class Checkpointer:
     to give up. Every decision here is taken at the same step on every rank, because DCP reports a failure to all
     ranks alike."""
 
+    warns_of_partial = True  # a partial save left in storage is worth a line
+
     def __init__(self, run_root: Location, *, rank: int, world_size: int, keep_last: int, async_save: bool = False,
                  failure_budget_s: float = 900.0, max_retry_gap: int = 50, attempt_id: str | None = None,
                  keep_best: bool = False):
@@ -530,7 +532,8 @@ class Checkpointer:
     def committed(self) -> list[CommittedCheckpoint]:
         """The committed checkpoints, newest first, as rank 0 lists them (a collective); those whose commit marker
         is damaged are listed with their ``damage``."""
-        return _broadcast(list_committed(self.root, damaged=True) if self.rank == 0 else None, self._group)
+        listed = list_committed(self.root, warn=self.warns_of_partial, damaged=True) if self.rank == 0 else None
+        return _broadcast(listed, self._group)
 
     def restore_latest(self, state: dict, per_rank_keys: tuple[str, ...] = (),
                        prefetch: RestorePrefetch | None = None,

@@ -56,12 +56,13 @@ def format_summary(summary: dict) -> str:
 
 
 def _event_table(events: list[dict]) -> list[str]:
-    rows = [("ending", "step", "lost steps (at most)", "resumed after")]
+    rows = [("ending", "step", "lost steps (at most)", "resumed from", "resumed after")]
     for e in events:
         recovery = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "-"
         bound = "" if e["lost_steps_at_most"] == e["lost_steps"] else f" ({e['lost_steps_at_most']})"
-        rows.append((e["kind"], str(e["step"]), f"{e['lost_steps']}{bound}", recovery))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        source = f"{e['resumed_from']} ({'snapshot' if e['from_snapshot'] else 'checkpoint'})"
+        rows.append((e["kind"], str(e["step"]), f"{e['lost_steps']}{bound}", source, recovery))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths,
                                                                                                      strict=True)))
              for row in rows]

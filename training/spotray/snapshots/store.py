@@ -19,6 +19,8 @@ class Snapshots(Checkpointer):
     node without room for one is left out of the ring, with one warning; a snapshot that fails otherwise turns them
     off for the attempt, with one warning: checkpoints go on as before."""
 
+    warns_of_partial = False  # a kill mid-copy leaves one: expected, and gone with the next snapshot
+
     def __init__(self, root: Location, *, rank: int, world_size: int, attempt_id: str):
         super().__init__(root, rank=rank, world_size=world_size, keep_last=1, async_save=True, attempt_id=attempt_id)
         self.off: str | None = None  # why snapshots are off for this attempt
