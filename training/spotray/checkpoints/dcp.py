@@ -366,7 +366,8 @@ class Checkpointer:
         self.before_write: Callable[[], None] | None = None  # see _CommittingWriter
 
     def agree(self, value):
-        """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens."""
+        """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens. On the
+        checkpoints' group, so never while a save may be in flight (``cadence.rank0_decides`` is safe then)."""
         return _broadcast(value, self._group)
 
     @property
