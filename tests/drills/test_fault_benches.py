@@ -46,7 +46,10 @@ def test_goodput_bench_reports_both_variants_with_their_badput(reused_clusters, 
     for drill in (baseline, spotray):
         assert [e["kind"] for e in drill["events"]] == ["notice", "kill"] == drill["injected"]
         assert 0 < drill["goodput"] < 1 and drill["seconds"]["productive"] > 0
-    assert spotray["seconds"]["waiting"] < baseline["seconds"]["waiting"]  # it did not wait for the draining node
+    # It did not wait for the draining node. The notice's own recovery, not the run's waiting: the kill's recovery
+    # is in that too, and it varies by ten seconds on a loaded machine (a CI run: 44.0 s against 42.3 s).
+    notice_s = [drill["events"][0]["recovery_s"] for drill in (spotray, baseline)]
+    assert notice_s[0] < notice_s[1], notice_s
     assert result["goodput_gain"] == round(result["goodput_best"]["spotray"] - result["goodput_best"]["baseline"], 4)
 
 
