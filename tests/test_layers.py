@@ -30,9 +30,9 @@ PACKAGES_ROOT = Path(*tomllib.loads((REPO / "pyproject.toml").read_text())["tool
 # The package spotray, lowest first (each package's docstring says the same): a module imports the base modules at the
 # package's root, its own package and the packages before it. The rest of the root (cli, demo, export, hf) and the
 # packages of commands, drills and examples, TOP_PACKAGES, may import any of them; none of them imports those.
-SPOTRAY_BASE = ("config", "errors", "storage", "renames", "formats", "ray_local")
-SPOTRAY_PACKAGES = ("accounts", "checkpoints", "snapshots", "data", "tasks", "tracking", "step", "worker", "reports",
-                    "planning", "driver")
+SPOTRAY_BASE = ("config", "errors", "storage", "renames", "formats", "ray_local", "ray_nodes")
+SPOTRAY_PACKAGES = ("accounts", "checkpoints", "snapshots", "data", "tasks", "tracking", "step", "worker",
+                    "survivors", "reports", "planning", "driver")
 TOP_PACKAGES = ("bench", "drills", "examples", "configs")
 
 

@@ -1,6 +1,7 @@
-"""Going on with the survivors on a real local Ray cluster of a head and 3 worker nodes: a node killed with no
-replacement shrinks the run at once to the 2 workers that fit; a node that joins later grows it back to 3 at a
-committed step. Every sample is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
+"""Going on with the survivors, in their own processes, on a real local Ray cluster of a head and 3 worker nodes: a
+node killed with no replacement shrinks the run at once to the 2 workers left; a node that joins later grows it back
+to 3 at a committed step; a run whose lost worker is never replaced still ends. A notice moves the run off its node
+with no step lost. Every sample is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from tests.drills.test_snapshots import past_the_checkpoint
 pytestmark = pytest.mark.cluster
 
 STEPS = 300
+KILLS_STEPS = 450  # room to grow back before the end, on a loaded machine
 
 
 def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_grows_it_back(three_workers, dataset_url,
                                                                                         tmp_path):
     cluster = three_workers
     driver = start_training(dataset_url, tmp_path, cluster, "scaling.num_workers=3", "scaling.min_workers=2",
-                            "scaling.grow_after_s=3", "snapshot.every_steps=3", f"train.max_steps={STEPS}")
+                            "scaling.grow_after_s=3", "snapshot.every_steps=3", f"train.max_steps={KILLS_STEPS}")
     log = tmp_path / "driver.log"
     wait_for_checkpoint(tmp_path, 20, driver)
     past_the_checkpoint(tmp_path)
@@ -34,12 +36,31 @@ def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_gro
     wait_until(lambda: "SHRUNK to 2 workers" in log.read_text(), "the run shrinking", tmp_path, driver)
     cluster.add_node()
     wait_until(lambda: "GREW to 3 workers" in log.read_text(), "the run growing back", tmp_path, driver)
+    cluster.kill(cluster.nodes[-1])  # the newcomer's, right after it joined; no node replaces it
+    wait_until(lambda: log.read_text().count("SHRUNK to 2 workers") == 2, "the run shrinking again", tmp_path,
+               driver)
+    summary = finish(driver, tmp_path)
+    assert summary["final_step"] == KILLS_STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
+    assert [a.info.world_size for a in attempts] == [3, 2, 3, 2]
+    assert [a.ending.kind for a in attempts[:3]] == ["kill", "resize", "kill"]
+    (first_last, _), (shrunk_from, shrunk_last), (grown_from, _), _ = attempts_and_last_steps(tmp_path)
+    assert shrunk_from % 20 != 0 and first_last - shrunk_from <= 6  # from a snapshot of the 3 workers
+    assert grown_from == shrunk_last  # growing loses no step
+    assert summary["spot_interruptions"] == 2, summary  # the resize is none
+
+
+def test_a_notice_moves_the_run_to_the_others_at_once_losing_no_step(three_workers, dataset_url, tmp_path):
+    cluster = three_workers
+    driver = start_training(dataset_url, tmp_path, cluster, "scaling.num_workers=3", "scaling.min_workers=2",
+                            "snapshot.every_steps=3", f"train.max_steps={STEPS}")
+    wait_for_checkpoint(tmp_path, 20, driver)
+    past_the_checkpoint(tmp_path)
+    cluster.preempt_with_notice(cluster.nodes[-1])
     summary = finish(driver, tmp_path)
     assert summary["final_step"] == STEPS and summary["audit"]["exactly_once"], summary["audit"]
     attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
-    assert [a.info.world_size for a in attempts] == [3, 2, 3]
-    assert [a.ending.kind for a in attempts[:2]] == ["kill", "resize"]
-    (first_last, _), (shrunk_from, shrunk_last), (grown_from, _) = attempts_and_last_steps(tmp_path)
-    assert shrunk_from % 20 != 0 and first_last - shrunk_from <= 6  # from a snapshot of the 3 workers
-    assert grown_from == shrunk_last  # growing loses no step
-    assert summary["spot_interruptions"] == 1, summary  # the resize is none
+    assert [a.info.world_size for a in attempts] == [3, 2] and attempts[0].ending.kind == "notice"
+    (_, noticed_last), (moved_from, _) = attempts_and_last_steps(tmp_path)
+    assert moved_from == noticed_last and summary["lost_steps"] == 0, summary["events"]
+    assert attempts[1].status_of("snapshot_restore_s") > 0 and attempts[1].status_of("restore_s") == 0

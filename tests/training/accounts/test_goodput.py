@@ -167,9 +167,9 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
     assert lines == [
         "spotray: SPOT INTERRUPTION without notice at step 50: spot node lost without notice (node ray-a (spot) "
         "lost: Ray says UNEXPECTED_TERMINATION)",
-        "spotray: SHRUNK to 2 workers from step 48 (a snapshot in memory): the lost node's workers had nowhere to "
-        "go; 10.0s after the "
-        "interruption, 2 steps lost by the records, at most 3; growing back when capacity returns",
+        "spotray: SHRUNK to 2 workers from step 48 (a snapshot in memory): going on without the lost node's "
+        "workers; 10.0s after the interruption, 2 steps lost by the records, at most 3; growing back when capacity "
+        "returns",
         "spotray: GREW to 4 workers from step 90: capacity for the whole group was back; 10.0s from the last step, "
         "0 steps lost"]
     account = goodput.account(root)
@@ -194,8 +194,8 @@ def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_pat
     lines = stream.getvalue().splitlines()
     assert [line.split(" |")[0] for line in lines] == [
         "spotray: step 70/100", "spotray: PREEMPTION NOTICE at step 73: emergency checkpoint committed",
-        "spotray: MOVING ON from step 73: the workers restart on other nodes, 6.0s after the notice, without "
-        "waiting for the node", "spotray: step 75/100"]
+        "spotray: MOVING ON from step 73: the workers go on without the node, 6.0s after the notice, without "
+        "waiting for it to go", "spotray: step 75/100"]
 
 
 def test_the_driver_reads_each_attempts_record_once(tmp_path):

@@ -3,7 +3,6 @@ its nodes still answer, and the restart kept off the others."""
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -12,8 +11,7 @@ from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from spotray.config import ScalingSection
-from spotray.driver import placement, resize
-from spotray.driver.placement import unreachable_nodes
+from spotray.driver import resize
 from spotray.driver.resize import ShrinkOnLoss
 
 FAILED = RestartingState(WorkerGroupError("rank 0: gloo: Connection reset by peer", {}))
@@ -32,19 +30,6 @@ def restart(callback: ShrinkOnLoss, state=FAILED) -> int:
     decision = ResizeDecision(num_workers=4, resources_per_worker={"CPU": 1})
     callback.before_controller_execute_resize_decision(decision)
     return decision.num_workers
-
-
-def test_a_node_is_gone_when_ray_marked_it_dead_or_its_raylet_takes_no_connection(monkeypatch):
-    with socket.create_server(("127.0.0.1", 0)) as listening:
-        answering = listening.getsockname()[1]
-        with socket.create_server(("127.0.0.1", 0)) as closed:
-            refusing = closed.getsockname()[1]
-        nodes = [{"NodeID": "alive", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": answering},
-                 {"NodeID": "killed", "Alive": True, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": refusing},
-                 {"NodeID": "dead", "Alive": False, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": answering}]
-        monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
-        assert unreachable_nodes(["alive", "killed", "dead", "unknown"]) == ("dead", "killed", "unknown")
-        assert unreachable_nodes(["alive"]) == ()
 
 
 @pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])

@@ -3,6 +3,8 @@ sent, answering for the file system, and removed by the driver."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from spotray.snapshots import holders
@@ -26,6 +28,22 @@ def test_a_holder_is_found_again_by_its_run_and_node_and_holds_within_its_cap(ra
         holder.get("s/x")
     assert holders.node_holder("file:///runs/b", node, None).get("s/x") == b"other run"
     assert holders.remove_holders("file:///runs/b") == 1
+
+
+def test_a_call_to_a_holder_whose_node_is_gone_fails_at_once_not_when_ray_marks_it_dead(monkeypatch):
+    asked: list[list[str]] = []
+
+    def unreachable(nodes: list[str]) -> tuple[str, ...]:
+        asked.append(nodes)
+        return tuple(nodes)
+
+    monkeypatch.setattr(holders.ray, "wait", lambda refs, timeout: ([], refs))  # the call never answers
+    monkeypatch.setattr(holders, "unreachable_nodes", unreachable)
+    method = SimpleNamespace(remote=lambda *args: "ref")
+    holder = holders.RayHolder(SimpleNamespace(get=method), "killed-node-id")
+    with pytest.raises(HolderGone, match="node killed-node- did not answer: its node is gone"):
+        holder.get("s/x")
+    assert asked == [["killed-node-id"]]
 
 
 def test_the_room_is_the_pods_where_it_has_a_limit_and_never_more_than_the_hosts(monkeypatch):

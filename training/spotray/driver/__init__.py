@@ -4,5 +4,5 @@ travels to the workers (``runtime_env``), the terminal and the run's log file (`
 (``head_watch``).
 
 May import: the base modules at the package's root and every package below it (``accounts``, ``checkpoints``,
-``data``, ``tasks``, ``tracking``, ``step``, ``worker``, ``reports``, ``planning``). The root's commands (``cli``,
-``demo``, ``export``), ``bench``, ``drills`` and ``examples`` import it, never the reverse."""
+``data``, ``tasks``, ``tracking``, ``step``, ``worker``, ``survivors``, ``reports``, ``planning``). The root's
+commands (``cli``, ``demo``, ``export``), ``bench``, ``drills`` and ``examples`` import it, never the reverse."""

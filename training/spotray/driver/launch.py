@@ -35,19 +35,23 @@ from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
-from spotray.driver.resize import ShrinkOnLoss
+from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, ShrinkOnLoss
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
 from spotray.snapshots.holders import remove_holders, snapshot_root
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
+from spotray.survivors.backend import SurvivorsTorchConfig, keeps_survivors
+from spotray.survivors.generations import NOTHING_LOST, Seat
+from spotray.survivors.keeper import start_keeper, stop_keeper
+from spotray.survivors.member import Member
 from spotray.tasks import Task
 from spotray.tasks.load import load_task
 from spotray.tracking import Follower, check_installed, read_gaps
 from spotray.worker import memory, user_script
 from spotray.worker.attempt import WorkerEnv, run_root
-from spotray.worker.loop import train, units_per_step
+from spotray.worker.loop import GrowingBack, train, units_per_step
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,9 @@ def ray_train_fn(config: dict) -> None:
     _worker_logging()
     cfg = from_dict(config)
     enter_working_dir(cfg)
+    if keeps_survivors(cfg):
+        _train_in_generations(cfg)
+        return
     context = ray.train.get_context()
     snapshots = (snapshot_root(run_root(cfg).url, cfg.snapshot.max_bytes)
                  if cfg.snapshot.enabled and not cfg.script.path else None)
@@ -76,6 +83,44 @@ def ray_train_fn(config: dict) -> None:
         user_script.run_on_worker(cfg, env)
     else:
         train(cfg, env)
+
+
+def _train_in_generations(cfg: TrainConfig) -> None:
+    """The survivors' worker (``spotray.survivors``): ``train`` once per generation in this process, each attempt
+    restoring the newest state (its node's snapshot) at the generation's size. A failure goes on in the next
+    generation where a member was lost, and is raised as before where none was."""
+    member = Member(run_root(cfg).url)
+    after_failure, failure = False, None
+    try:
+        while isinstance(seat := member.join(after_failure), Seat):
+            try:
+                result = train(cfg, _generation_env(cfg, member, seat))
+            except GrowingBack:
+                after_failure = False
+                continue
+            except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping the worker
+                after_failure, failure = True, exc
+                continue
+            if "ended_to_restart" not in result:  # moved on a notice: the next generation goes on without its node
+                if seat.rank == 0:
+                    member.finish()
+                return
+            after_failure = False
+        if seat == NOTHING_LOST and failure is not None:
+            raise failure
+    finally:
+        member.leave()
+
+
+def _generation_env(cfg: TrainConfig, member: Member, seat: Seat) -> WorkerEnv:
+    snapshots = snapshot_root(run_root(cfg).url, cfg.snapshot.max_bytes) if cfg.snapshot.enabled else None
+    return WorkerEnv(seat.rank, seat.world_size, ray.train.torch.get_device(), _no_report,
+                     functools.partial(member.drain_deadline, seat.rank), member.others_suffice, snapshots,
+                     member.newcomers_wait)
+
+
+def _no_report(metrics: dict) -> None:
+    """Ray Train's report is a barrier over every worker Ray started: it would wait for a lost one."""
 
 
 def _worker_logging() -> None:
@@ -295,6 +340,9 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    survivors = keeps_survivors(cfg)
+    if survivors:
+        start_keeper(root.url, cfg.scaling.num_workers, cfg.scaling.fewest_workers)
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.to_dict(),
@@ -303,19 +351,28 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
             use_gpu=cfg.scaling.use_gpu,
             resources_per_worker=cfg.scaling.resources_per_worker or None,
         ),
-        torch_config=TorchConfig(backend=cfg.scaling.backend),
+        torch_config=(SurvivorsTorchConfig if survivors else TorchConfig)(backend=cfg.scaling.backend),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=storage.path,
             storage_filesystem=storage.fs,
             failure_config=failure_config(),
             # Ray runs a ControllerCallback given here too
-            callbacks=[budget, ShrinkOnLoss(cfg.scaling)],  # type: ignore[list-item]
+            callbacks=[budget, ControllerToKeeper(root.url) if survivors  # type: ignore[list-item]
+                       else ShrinkOnLoss(cfg.scaling)],
             worker_runtime_env=runtime_env,
         ),
     )
-    with ray_train_polls(os.environ):
-        trainer.fit()
+    try:
+        with ray_train_polls(os.environ), (EndWithoutReplacement(root.url) if survivors
+                                           else contextlib.nullcontext()) as ender:
+            trainer.fit()
+    except ray.exceptions.RayActorError:
+        if not (ender and ender.ended):
+            raise
+    finally:
+        if survivors:
+            stop_keeper(root.url)
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}

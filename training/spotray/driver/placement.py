@@ -4,9 +4,7 @@ the group fits on nodes other than those being preempted, and how many workers f
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ray
@@ -14,7 +12,6 @@ import ray
 from spotray.config import ScalingSection
 
 _WAITING = {"PENDING", "RESCHEDULING"}
-PROBE_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,27 +58,6 @@ def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int
     bundle = scaling.worker_resources
     return min(scaling.num_workers, sum(min(int(node.get(name, 0.0) // amount) for name, amount in bundle.items())
                                         for node in _node_resources(excluding)))
-
-
-def unreachable_nodes(node_ids: Collection[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
-    """The nodes among ``node_ids`` that are gone: marked dead by Ray, or whose raylet does not take a connection
-    (a killed node's port refuses at once, a vanished machine's does not answer). Ray itself marks a node dead only
-    after about 15 s of failed health checks; this asks now."""
-    table = {node["NodeID"]: node for node in ray.nodes()}
-
-    def gone(node_id: str) -> bool:
-        node = table.get(node_id)
-        if node is None or not node["Alive"]:
-            return True
-        try:
-            with socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s):
-                return False
-        except OSError:
-            return True
-
-    ids = sorted(set(node_ids))
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ids)))) as pool:
-        return tuple(node for node, lost in zip(ids, pool.map(gone, ids), strict=True) if lost)
 
 
 def _node_resources(excluding: Collection[str] = ()) -> list[dict]:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from spotray.driver.placement import Placement
 
 WAITING_AFTER_S = 10.0  # a placement that takes longer is waiting for nodes, not being scheduled
+EVIDENCE_WAIT_S = 15.0  # for why an attempt ended (the node watch's record), after the next one trained
 _EMERGENCY_SAVES = {"checkpoint": "emergency checkpoint committed",
                     "snapshot": "emergency snapshot committed, in the memory of the nodes that stay"}
 
@@ -89,9 +90,9 @@ class ProgressMonitor:
         return ledger.read_attempts(self.root, self._known)
 
     def poll(self, capacity: bool = True) -> None:
-        if capacity:
-            self._capacity()
         attempts = self._attempts()
+        if capacity and not _going_on_smaller(attempts, self._status):
+            self._capacity()
         if self.nodes:
             self.nodes.poll(attempts, ask_ray=capacity)
         statuses = {a.attempt_id: self._status(a.attempt_id, ended=a is not attempts[-1]) for a in attempts[-2:]}
@@ -120,8 +121,8 @@ class ProgressMonitor:
                        "no emergency checkpoint: the restart resumes from the last committed one")
             self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
         if notice and status.get("moved_at") and self._once(attempt_id, "moved"):
-            self._event(f"MOVING ON from step {notice['step']}: the workers restart on other nodes, "
-                        f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for the node")
+            self._event(f"MOVING ON from step {notice['step']}: the workers go on without the node, "
+                        f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for it to go")
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
                       cur_status: dict | None) -> None:
@@ -131,12 +132,15 @@ class ProgressMonitor:
             return
         record = replace(goodput.attempt_record(self.root, prev, steps=False, status=False), status=prev_status)
         event = goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
-        trained = bool((cur_status or {}).get("first_step_at"))
-        if (event.kind != endings.UNKNOWN or trained) and self._once(prev.attempt_id, "ended"):
+        first_step_at = (cur_status or {}).get("first_step_at")
+        # The survivors may train again before Ray has marked the lost node dead: the why has a while to come.
+        evidence_over = first_step_at is not None and time.time() - first_step_at >= EVIDENCE_WAIT_S
+        if (event.kind != endings.UNKNOWN or evidence_over) and self._once(prev.attempt_id, "ended"):
             line = _ending_line(event)
             if line:
                 self._event(line)
-        if not trained or not self._once(cur.attempt_id, "resumed"):
+        if (not first_step_at or (prev.attempt_id, "ended") not in self._announced
+                or not self._once(cur.attempt_id, "resumed")):
             return
         if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
             self._event(f"CONTINUING from step {event.resumed_from} on {cur.world_size} workers, {_lost(event)}")
@@ -144,8 +148,8 @@ class ProgressMonitor:
             self._event(f"GREW to {cur.world_size} workers from {_resumed(event)}: capacity for the whole "
                         f"group was back; {event.recovery_s:.1f}s from the last step, {_lost(event)}")
         elif cur.world_size < prev.world_size:
-            self._event(f"SHRUNK to {cur.world_size} workers from {_resumed(event)}: the lost node's "
-                        f"workers had nowhere to go; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
+            self._event(f"SHRUNK to {cur.world_size} workers from {_resumed(event)}: going on without the lost "
+                        f"node's workers; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
                         "growing back when capacity returns")
         else:
             self._event(f"RESUMED from {_resumed(event)} on {cur.world_size} workers, "
@@ -193,6 +197,13 @@ class ProgressMonitor:
         self._last_line, self._last_print = line, now
         self.stream.write(f"\r\033[K{line}" if self.tty else f"spotray: {line}\n")
         self.stream.flush()
+
+
+def _going_on_smaller(attempts: list[ledger.AttemptInfo], status: Callable[..., dict | None]) -> bool:
+    """Whether the run trains below its configured size: Ray waits to place the rest, and training goes on."""
+    if not attempts or attempts[-1].world_size >= attempts[-1].configured_workers:
+        return False
+    return bool((status(attempts[-1].attempt_id, ended=False) or {}).get("first_step_at"))
 
 
 def _ending_line(event: goodput.Event) -> str | None:

@@ -11,13 +11,20 @@ steered off the lost nodes, which Ray may still list as alive."""
 
 from __future__ import annotations
 
+import threading
+
+import ray
 from ray.train import WorkerGroupError
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 from ray.train.v2._internal.execution.controller.state import RestartingState
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from spotray.config import ScalingSection
-from spotray.driver.placement import unreachable_nodes, workers_that_fit
+from spotray.driver.placement import workers_that_fit
+from spotray.ray_nodes import unreachable_nodes
+from spotray.survivors.keeper import find_keeper
+
+END_AFTER_S = 10.0
 
 
 class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
@@ -52,3 +59,45 @@ class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
 
     def on_controller_start_worker_group(self, *, scaling_config, num_workers: int) -> dict[str, str] | None:
         return {NODE_ID_LABEL_KEY: f"!in({','.join(self.avoid)})"} if self.avoid else None
+
+
+class ControllerToKeeper(ControllerCallback):
+    """Tells the survivors' keeper which actor is Ray Train's controller (``EndWithoutReplacement`` ends it)."""
+
+    def __init__(self, run_url: str):
+        self.run_url = run_url
+
+    def after_controller_start(self, train_run_context) -> None:
+        find_keeper(self.run_url).set_controller.remote(ray.get_runtime_context().current_actor)
+
+
+class EndWithoutReplacement:
+    """The survivors' run may train its last step while Ray Train still waits to replace a lost worker, on capacity
+    that may never come: once the run's rank 0 has told the keeper it is done, Ray Train's controller is ended after
+    ``END_AFTER_S`` (``ended``: this did it, so the controller's loss is the run's end, not an error)."""
+
+    def __init__(self, run_url: str):
+        self.run_url, self.ended = run_url, False
+        self._stop = threading.Event()
+
+    def __enter__(self) -> EndWithoutReplacement:
+        threading.Thread(target=self._watch, daemon=True, name="end-without-replacement").start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                keeper = find_keeper(self.run_url)
+                ended_for_s: object = ray.get(keeper.ended_for_s.remote(), timeout=10)
+                if not isinstance(ended_for_s, float) or ended_for_s < END_AFTER_S:
+                    continue
+                controller = ray.get(keeper.get_controller.remote(), timeout=10)
+            except (ValueError, ray.exceptions.RayError):  # the keeper is gone: the fit is ending
+                return
+            if controller is not None:
+                self.ended = True
+                ray.kill(controller)
+            return

@@ -17,6 +17,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from spotray.checkpoints.dcp import COMMIT_MARKER, METADATA, all_gather_objects
+from spotray.ray_nodes import unreachable_nodes
 from spotray.snapshots.memfs import HolderFileSystem, HolderFull, HolderGone, HolderRing, under
 from spotray.storage import Location
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "spotray"
 CALL_TIMEOUT_S = 60.0
+NODE_CHECK_S = 1.0  # while a call waits: how often its node is asked whether it is gone
 ROOM_SHARE = 0.5  # of the memory the node's processes may still take, at most, for one run's snapshots
 EVERYWHERE = frozenset({METADATA, COMMIT_MARKER})  # what a snapshot holds, on every node: a survivor can list it
 
@@ -82,8 +84,8 @@ def refusal(used: int, nbytes: int, cap: int, room: int) -> str | None:
 class RayHolder:
     """``memfs.Holder`` over one node's holder actor."""
 
-    def __init__(self, actor, node: str):
-        self.actor, self.node = actor, node
+    def __init__(self, actor, node_id: str):
+        self.actor, self.node_id, self.node = actor, node_id, node_id[:12]
 
     def put(self, path: str, data: bytes) -> None:
         refused = self._call(self.actor.refusal, path, len(data)) or self._call(self.actor.put, path, data)
@@ -107,9 +109,17 @@ class RayHolder:
         return held, cap
 
     def _call(self, method, *args):
+        """The call's answer; HolderGone as soon as the holder's node is gone (a snapshot copy to a killed node would
+        otherwise wait until Ray marks it dead, and the survivors with it), or after ``CALL_TIMEOUT_S``."""
+        ref, deadline = method.remote(*args), time.monotonic() + CALL_TIMEOUT_S
         try:
-            return ray.get(method.remote(*args), timeout=CALL_TIMEOUT_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            while not ray.wait([ref], timeout=NODE_CHECK_S)[0]:
+                if unreachable_nodes([self.node_id]):
+                    raise HolderGone(f"the snapshot holder on node {self.node} did not answer: its node is gone")
+                if time.monotonic() > deadline:
+                    raise HolderGone(f"the snapshot holder on node {self.node} did not answer in {CALL_TIMEOUT_S:g}s")
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
             raise HolderGone(f"the snapshot holder on node {self.node} did not answer: {exc}") from exc
 
 
@@ -122,7 +132,7 @@ def node_holder(run_url: str, node_id: str, max_bytes: int | None) -> RayHolder:
     actor = SnapshotHolder.options(  # type: ignore[attr-defined]  # ray.remote's class gains .options
         name=holder_prefix(run_url) + node_id, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(max_bytes)
-    return RayHolder(actor, node_id[:12])
+    return RayHolder(actor, node_id)
 
 
 def snapshot_root(run_url: str, max_bytes: int | None) -> Location:

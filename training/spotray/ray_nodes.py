@@ -1,0 +1,32 @@
+"""Which of a Ray cluster's nodes are gone, asked now: Ray itself marks a node dead only after about 15 s of failed
+health checks."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+
+import ray
+
+PROBE_TIMEOUT_S = 1.0
+
+
+def unreachable_nodes(node_ids: Collection[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
+    """The nodes among ``node_ids`` that are gone: marked dead by Ray, or whose raylet does not take a connection
+    (a killed node's port refuses at once, a vanished machine's does not answer)."""
+    table = {node["NodeID"]: node for node in ray.nodes()}
+
+    def gone(node_id: str) -> bool:
+        node = table.get(node_id)
+        if node is None or not node["Alive"]:
+            return True
+        try:
+            with socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s):
+                return False
+        except OSError:
+            return True
+
+    ids = sorted(set(node_ids))
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ids)))) as pool:
+        return tuple(node for node, lost in zip(ids, pool.map(gone, ids), strict=True) if lost)
