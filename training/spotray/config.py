@@ -145,9 +145,9 @@ class TrainSection:
 
 @dataclass(frozen=True)
 class ScalingSection:
-    """``min_workers``: the fewest workers a run goes on with when a lost node's workers have nowhere to go; unset:
-    ``num_workers``, and a lost node is waited for. A smaller run grows back to ``num_workers`` at a committed step
-    once the whole group has fit, at every look, for ``grow_after_s``."""
+    """``min_workers``: the fewest workers a run goes on with when nodes are lost; unset: ``num_workers``, and a lost
+    node is waited for. A smaller run grows back at a committed step once more workers have fit, at every look, for
+    ``grow_after_s`` (over gloo: a replacement worker waits at the keeper; over NCCL: the whole group fits)."""
 
     num_workers: int = 2
     use_gpu: bool = False

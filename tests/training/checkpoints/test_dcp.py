@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import re
@@ -350,3 +351,16 @@ def test_without_keep_best_retention_is_keep_last_alone(run_root):
         ckpt.save(step, {"box": Box(float(step))}, val_loss=val_loss)
     ckpt.close()
     assert [c.step for c in list_committed(run_root.child("checkpoints"))] == [20]
+
+
+def test_an_abandoned_checkpointer_waits_for_nothing_in_flight(run_root):
+    waited = []
+
+    class GroupGone(concurrent.futures.Future):  # a save whose process group is gone: it would never end
+        def result(self, timeout=None):
+            waited.append(self)
+
+    ckpt = Checkpointer(run_root, keep_last=1, async_save=True, rank=0, world_size=1)
+    ckpt._pending = (5, GroupGone())
+    ckpt.abandon()
+    assert ckpt.wait() is None and waited == []

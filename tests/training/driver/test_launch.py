@@ -1,14 +1,18 @@
 """How ``spotray train``'s driver ends: a user's stop (Ctrl-C, SIGTERM) is recorded as the stop it is, and the rerun
-continues the run without counting the pause as an interruption or as the run's time."""
+continues the run without counting the pause as an interruption or as the run's time; a survivor's failure keeps no
+failed generation alive."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
+import weakref
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,25 @@ def test_a_driver_that_lost_its_head_never_asks_it_to_remove_the_snapshot_holder
     launch._end_driver(root.child("attempts"), root, ending, watch_saw_it)
     assert removed == ([root.url] if removes else [])
     assert json.loads(root.child("attempts", endings.DRIVER_FILE).read_text())["kind"] == ending[0]
+
+
+def test_a_failure_kept_by_a_survivor_frees_what_its_frames_held_and_keeps_its_lines():
+    class Group:  # stands for a failed generation's process group, held by the model's DDP wrapper
+        pass
+
+    def step(group: Group) -> None:
+        raise RuntimeError("gloo: connection reset by peer")
+
+    group = Group()
+    held = weakref.ref(group)
+    try:
+        try:
+            step(group)
+        except RuntimeError as inner:
+            raise ValueError("the step failed") from inner
+    except ValueError as exc:
+        kept = launch._without_locals(exc)
+    del group
+    gc.collect()
+    assert held() is None  # nothing of the generation stays alive through the error
+    assert kept.__cause__ is not None and "step(group)" in "".join(traceback.format_exception(kept))

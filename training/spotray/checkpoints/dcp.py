@@ -502,6 +502,12 @@ class Checkpointer:
             return f"older checkpoints past keep_last={self.keep_last} could not be deleted first: {first_line(exc)}"
         return None
 
+    def abandon(self) -> None:
+        """The attempt failed: the save in flight is left to fail with its process group, and nothing waits for it
+        or for retention (whose thread ends once idle)."""
+        self._pending = None
+        self._retention.shutdown(wait=False)
+
     def close(self) -> None:
         """Wait for the in-flight save and for retention to finish."""
         self.wait()

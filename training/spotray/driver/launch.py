@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import TextIO
@@ -99,7 +100,7 @@ def _train_in_generations(cfg: TrainConfig) -> None:
                 after_failure = False
                 continue
             except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping the worker
-                after_failure, failure = True, exc
+                after_failure, failure = True, _without_locals(exc)
                 continue
             if "ended_to_restart" not in result:  # moved on a notice: the next generation goes on without its node
                 if seat.rank == 0:
@@ -110,6 +111,19 @@ def _train_in_generations(cfg: TrainConfig) -> None:
             raise failure
     finally:
         member.leave()
+
+
+def _without_locals(exc: BaseException) -> BaseException:
+    """``exc`` (and the errors it chains) keeping its traceback's lines, not their frames' variables: those hold the
+    failed generation's process groups (the model's DDP wrapper), whose connections close only once nothing does,
+    and a member still inside one of its collectives waits on them until the group's timeout."""
+    chained: BaseException | None = exc
+    seen = set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+    return exc
 
 
 def _generation_env(cfg: TrainConfig, member: Member, seat: Seat) -> WorkerEnv:

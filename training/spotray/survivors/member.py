@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import threading
 import time
@@ -13,6 +15,8 @@ import torch.distributed as dist
 from spotray.errors import SpotrayError
 from spotray.survivors.generations import Seat
 from spotray.survivors.keeper import BEAT_S, find_keeper
+
+log = logging.getLogger(__name__)
 
 GROUP_TIMEOUT_S = 60.0  # a generation's process group forms, and each of its collectives ends, within this
 POLL_S = 0.05
@@ -40,8 +44,12 @@ class Member:
     def join(self, after_failure: bool) -> Seat | str:
         """This worker's seat in the next generation, its process group formed; or what it does instead
         (``generations``: DONE, LEAVE, NOTHING_LOST)."""
-        if dist.is_initialized():  # the old group's collectives on the other members fail at once
+        asked_at = time.monotonic()
+        if dist.is_initialized():
+            # A group's connections close only once nothing holds it (a cycle may, until collected); then a member
+            # still inside one of its collectives fails at once instead of waiting out the group's timeout.
             dist.destroy_process_group()
+            gc.collect()
         while not isinstance(answer := self._call(self.keeper.ask, self.id, self.node, self.seen, after_failure),
                              Seat) and answer == "wait":
             time.sleep(POLL_S)
@@ -51,6 +59,9 @@ class Member:
         dist.init_process_group("gloo", store=dist.PrefixStore(f"generation-{answer.number}/", self.store),
                                 rank=answer.rank, world_size=answer.world_size,
                                 timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+        if answer.rank == 0:
+            log.info("generation %d of the process group: %d workers, formed %.1fs after this worker asked",
+                     answer.number, answer.world_size, time.monotonic() - asked_at)
         return answer
 
     def drain_deadline(self, rank: int) -> float | None:

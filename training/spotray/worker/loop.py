@@ -296,7 +296,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
         raise error from None
     except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping a surviving worker
         _record_failure(telemetry, records.writer, exc)
-        _close_in_background(checkpointer, snapshots, records.writer)
+        _abandon(checkpointer, snapshots, records.writer)
         raise
 
 
@@ -326,19 +326,15 @@ def _records_durable(writer: ledger.RecordWriter, mark: dict[str, int]) -> None:
         raise OSError("the ledger's records of its steps could not be written to storage")
 
 
-def _close_in_background(checkpointer: Checkpointer, snapshots: Snapshots | None,
-                         writer: ledger.RecordWriter) -> None:
-    """A failed attempt's saves and records end in the background: a survivor (``spotray.survivors``) trains on in
-    this process, and must neither wait for them nor keep their threads."""
-    def close() -> None:
-        for closing in (checkpointer.close, *((snapshots.close,) if snapshots else ()),
-                        lambda: writer.close(timeout_s=FAILURE_RECORD_WAIT_S)):
-            try:
-                closing()
-            except Exception as exc:  # noqa: BLE001 - the attempt failed already: its error is the one to raise
-                log.debug("closing a failed attempt: %s", exc)
-
-    threading.Thread(target=close, daemon=True, name="close-failed-attempt").start()
+def _abandon(checkpointer: Checkpointer, snapshots: Snapshots | None, writer: ledger.RecordWriter) -> None:
+    """A failed attempt's saves are left to fail with its process group and its records end in the background: a
+    survivor (``spotray.survivors``) trains on in this process, and must neither wait for them nor keep their
+    threads."""
+    checkpointer.abandon()
+    if snapshots is not None:
+        snapshots.abandon()
+    threading.Thread(target=writer.close, kwargs={"timeout_s": FAILURE_RECORD_WAIT_S}, daemon=True,
+                     name="close-failed-records").start()
 
 
 def _record_failure(telemetry: Telemetry, writer: ledger.RecordWriter, exc: BaseException) -> None:
