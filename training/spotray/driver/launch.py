@@ -45,7 +45,7 @@ from spotray.step import evaluation
 from spotray.storage import Location, resolve
 from spotray.survivors.backend import SurvivorsTorchConfig, keeps_survivors
 from spotray.survivors.generations import NOTHING_LOST, Seat
-from spotray.survivors.keeper import start_keeper, stop_keeper
+from spotray.survivors.keeper import start_keeper
 from spotray.survivors.member import Member
 from spotray.tasks import Task
 from spotray.tasks.load import load_task
@@ -354,9 +354,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    survivors = keeps_survivors(cfg)
-    if survivors:
-        start_keeper(root.url, cfg.scaling.num_workers, cfg.scaling.fewest_workers)
+    keeper = (start_keeper(root.url, cfg.scaling.num_workers, cfg.scaling.fewest_workers) if keeps_survivors(cfg)
+              else None)
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.to_dict(),
@@ -365,28 +364,25 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
             use_gpu=cfg.scaling.use_gpu,
             resources_per_worker=cfg.scaling.resources_per_worker or None,
         ),
-        torch_config=(SurvivorsTorchConfig if survivors else TorchConfig)(backend=cfg.scaling.backend),
+        torch_config=(SurvivorsTorchConfig if keeper is not None else TorchConfig)(backend=cfg.scaling.backend),
         run_config=RunConfig(
             name=cfg.run.name,
             storage_path=storage.path,
             storage_filesystem=storage.fs,
             failure_config=failure_config(),
             # Ray runs a ControllerCallback given here too
-            callbacks=[budget, ControllerToKeeper(root.url) if survivors  # type: ignore[list-item]
+            callbacks=[budget, ControllerToKeeper(root.url) if keeper is not None  # type: ignore[list-item]
                        else ShrinkOnLoss(cfg.scaling)],
             worker_runtime_env=runtime_env,
         ),
     )
     try:
-        with ray_train_polls(os.environ), (EndWithoutReplacement(root.url) if survivors
+        with ray_train_polls(os.environ), (EndWithoutReplacement(keeper) if keeper is not None
                                            else contextlib.nullcontext()) as ender:
             trainer.fit()
     except ray.exceptions.RayActorError:
         if not (ender and ender.ended):
             raise
-    finally:
-        if survivors:
-            stop_keeper(root.url)
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}

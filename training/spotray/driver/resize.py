@@ -76,8 +76,8 @@ class EndWithoutReplacement:
     that may never come: once the run's rank 0 has told the keeper it is done, Ray Train's controller is ended after
     ``END_AFTER_S`` (``ended``: this did it, so the controller's loss is the run's end, not an error)."""
 
-    def __init__(self, run_url: str):
-        self.run_url, self.ended = run_url, False
+    def __init__(self, keeper):
+        self.keeper, self.ended = keeper, False
         self._stop = threading.Event()
 
     def __enter__(self) -> EndWithoutReplacement:
@@ -90,12 +90,11 @@ class EndWithoutReplacement:
     def _watch(self) -> None:
         while not self._stop.wait(1.0):
             try:
-                keeper = find_keeper(self.run_url)
-                ended_for_s: object = ray.get(keeper.ended_for_s.remote(), timeout=10)
+                ended_for_s: object = ray.get(self.keeper.ended_for_s.remote(), timeout=10)
                 if not isinstance(ended_for_s, float) or ended_for_s < END_AFTER_S:
                     continue
-                controller = ray.get(keeper.get_controller.remote(), timeout=10)
-            except (ValueError, ray.exceptions.RayError):  # the keeper is gone: the fit is ending
+                controller = ray.get(self.keeper.get_controller.remote(), timeout=10)
+            except ray.exceptions.RayError:  # the keeper is gone: the fit is ending
                 return
             if controller is not None:
                 self.ended = True

@@ -121,16 +121,17 @@ def _draining_nodes() -> dict[str, float]:
     return {node: deadline_ms / 1000 for node, deadline_ms in state.get_draining_nodes().items()}
 
 
-def start_keeper(run_url: str, num_workers: int, min_workers: int) -> tuple[ray.actor.ActorHandle, str, int]:
-    """The run's keeper, started on this node (a keeper a driver before left is ended first); it and its store's
-    address."""
+def start_keeper(run_url: str, num_workers: int, min_workers: int) -> ray.actor.ActorHandle:
+    """The run's keeper, started on this node, and ended once its caller drops the handle (Ray collects a named
+    actor that nothing holds) or with the driver: no call at the end, which the head may not answer. A keeper an
+    earlier fit left is ended first."""
     stop_keeper(run_url)
     keeper = Keeper.options(  # type: ignore[attr-defined]  # ray.remote's class gains .options
-        name=keeper_name(run_url), namespace=NAMESPACE, lifetime="detached",
+        name=keeper_name(run_url), namespace=NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
     ).remote(num_workers, min_workers)
-    host, port = ray.get(keeper.start.remote())
-    return keeper, host, port
+    ray.get(keeper.start.remote())
+    return keeper
 
 
 def find_keeper(run_url: str) -> ray.actor.ActorHandle:
