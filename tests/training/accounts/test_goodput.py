@@ -260,3 +260,22 @@ def test_a_resuming_attempt_exports_the_badput_so_far_counting_the_steps_it_will
     assert seconds["startup"] == 10.0 + 5 + 4 + 3 and seconds["restore"] == 1.0 + 2
     assert seconds["waiting"] == 20.0 + (1130 - 1110) + (1215 - 1200)
     assert telemetry.past().interrupted_at == 1200.0  # B was last seen then: recovery is measured from it
+
+
+def test_a_notice_the_polls_missed_while_its_attempt_was_the_newest_is_still_said_before_the_next_attempt(
+        tmp_path):
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    notice = {"step": 73, "at": 1090.0, "committed": True, "kept_in": "snapshot"}
+    write_attempt(root, "a", 0, 73, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1091.0, "step": 73,
+                                     "notice": notice, "moved_at": 1090.3}, world_size=3)
+    write_attempt(root, "b", 73, 80, {"entered_at": 1090.5, "first_step_at": 1090.9, "last_seen": 1100.0, "step": 80,
+                                      "from_snapshot": True}, world_size=2)  # the survivors, within one poll
+    monitor.poll()
+    lines = [line for line in stream.getvalue().splitlines() if not line.startswith("spotray: step ")]
+    assert lines[:2] == [
+        "spotray: PREEMPTION NOTICE at step 73: emergency snapshot committed, in the memory of the nodes that stay",
+        "spotray: MOVING ON from step 73: the workers go on without the node, 0.3s after the notice, without waiting "
+        "for it to go"], lines
+    assert lines[2].startswith("spotray: SHRUNK to 2 workers from step 73 (a snapshot in memory)"), lines

@@ -97,8 +97,10 @@ class ProgressMonitor:
             self.nodes.poll(attempts, ask_ray=capacity)
         statuses = {a.attempt_id: self._status(a.attempt_id, ended=a is not attempts[-1]) for a in attempts[-2:]}
         if len(attempts) >= 2 and attempts[-1].attempt_id not in self._skip:
-            self._interruption(attempts[-2], statuses[attempts[-2].attempt_id], attempts[-1],
-                               statuses[attempts[-1].attempt_id])
+            prev, prev_status = attempts[-2], statuses[attempts[-2].attempt_id]
+            if prev_status and prev.attempt_id not in self._skip:  # its notice may have come and gone within a poll
+                self._notice(prev.attempt_id, prev_status)
+            self._interruption(prev, prev_status, attempts[-1], statuses[attempts[-1].attempt_id])
         if attempts and attempts[-1].attempt_id not in self._skip:
             current = statuses[attempts[-1].attempt_id]
             if current:
