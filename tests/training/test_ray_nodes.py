@@ -19,3 +19,9 @@ def test_a_node_is_gone_when_ray_marked_it_dead_or_its_raylet_takes_no_connectio
         monkeypatch.setattr(ray_nodes.ray, "nodes", lambda: nodes)
         assert unreachable_nodes(["alive", "killed", "dead", "unknown"]) == ("dead", "killed", "unknown")
         assert unreachable_nodes(["alive"]) == ()
+
+
+def test_a_drain_deadline_is_rays_in_seconds_or_a_spot_notices_length_where_ray_gives_none(monkeypatch):
+    monkeypatch.setattr(ray_nodes.time, "time", lambda: 1000.0)
+    assert ray_nodes.drain_deadline(1_234_500) == 1234.5
+    assert ray_nodes.drain_deadline(0) == 1000.0 + ray_nodes.SPOT_NOTICE_S

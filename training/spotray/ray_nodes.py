@@ -1,15 +1,24 @@
-"""Which of a Ray cluster's nodes are gone, asked now: Ray itself marks a node dead only after about 15 s of failed
-health checks."""
+"""Which of a Ray cluster's nodes are gone, asked now (Ray itself marks a node dead only after about 15 s of failed
+health checks), and a draining node's deadline."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
 
+from spotray.config import SPOT_NOTICE_S
+
 PROBE_TIMEOUT_S = 1.0
+
+
+def drain_deadline(deadline_ms: int) -> float:
+    """A draining node's deadline as Ray gives it (ms, 0: none given) in UNIX seconds; none given: a spot notice's
+    length from now."""
+    return deadline_ms / 1000 if deadline_ms else time.time() + SPOT_NOTICE_S
 
 
 def unreachable_nodes(node_ids: Collection[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:

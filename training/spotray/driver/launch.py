@@ -29,7 +29,7 @@ from spotray.accounts import cost, endings, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
-from spotray.config import SPOT_NOTICE_S, TrainConfig, from_dict
+from spotray.config import TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
 from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent
 from spotray.driver.head_watch import HeadWatch
@@ -40,6 +40,7 @@ from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, Shr
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
+from spotray.ray_nodes import drain_deadline
 from spotray.snapshots.holders import remove_holders, snapshot_root
 from spotray.step import evaluation
 from spotray.storage import Location, resolve
@@ -157,7 +158,7 @@ def _preemption_deadline() -> float | None:
     if info is None:
         return None
     _preempted_nodes.update(info.preempted_node_ids)
-    return info.deadline_ms / 1000 if info.deadline_ms else time.time() + SPOT_NOTICE_S
+    return drain_deadline(info.deadline_ms)
 
 
 def failure_config() -> FailureConfig:

@@ -14,7 +14,7 @@ from datetime import timedelta
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from spotray.config import SPOT_NOTICE_S
+from spotray.ray_nodes import drain_deadline
 from spotray.snapshots.holders import NAMESPACE
 from spotray.survivors.generations import Generations, Seat
 
@@ -39,7 +39,7 @@ class Keeper:
         self.rule = Generations(num_workers, min_workers, nothing_lost_s=2 * STALE_S)
         self.nodes: dict[str, str] = {}  # the workers it watches -> their node's id
         self.beats: dict[str, tuple[int, float]] = {}  # worker -> (its count, when that last moved)
-        self.drains: dict[str, float] = {}  # draining node -> its deadline (UNIX s), 0: none given
+        self.drains: dict[str, int] = {}  # draining node -> its deadline as Ray gives it (ms, 0: none given)
         self.finished_at: float | None = None
         self.controller = None
         self.watches: list[asyncio.Task] = []
@@ -61,7 +61,7 @@ class Keeper:
     async def drain_deadline(self) -> float | None:
         """The earliest deadline of a draining node that holds a member of the current generation."""
         nodes = {self.nodes.get(m) for m in self.rule.ranks}
-        deadlines = [self.drains[n] or time.time() + SPOT_NOTICE_S for n in nodes if n in self.drains]
+        deadlines = [drain_deadline(self.drains[n]) for n in nodes if n in self.drains]
         return min(deadlines) if deadlines else None
 
     async def others_suffice(self) -> bool:
@@ -115,10 +115,10 @@ def _beat_key(member: str) -> str:
     return f"beat/{member}"
 
 
-def _draining_nodes() -> dict[str, float]:
+def _draining_nodes() -> dict[str, int]:
     from ray._private.state import state  # Ray's drain table: what its own preemption watcher reads
 
-    return {node: deadline_ms / 1000 for node, deadline_ms in state.get_draining_nodes().items()}
+    return state.get_draining_nodes()
 
 
 def start_keeper(run_url: str, num_workers: int, min_workers: int) -> ray.actor.ActorHandle:
