@@ -1,7 +1,8 @@
 """Going on with the survivors, in their own processes, on a real local Ray cluster of a head and 3 worker nodes: a
 node killed with no replacement shrinks the run at once to the 2 workers left; a node that joins later grows it back
 to 3 at a committed step (under DDP, and under FSDP, where every rank restores its own part at the new size); a run
-whose lost worker is never replaced still ends. A notice moves the run off its node with no step lost. Every sample
+whose lost worker is never replaced still ends. A notice moves the run off its node with no step lost. Two nodes lost
+at once: the one left goes on, and the whole group starts again once Ray Train fails to replace them. Every sample
 is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
 
 from __future__ import annotations
@@ -68,3 +69,26 @@ def test_a_notice_moves_the_run_to_the_others_at_once_losing_no_step(three_worke
     (_, noticed_last), (moved_from, _) = attempts_and_last_steps(tmp_path)
     assert moved_from == noticed_last and summary["lost_steps"] == 0, summary["events"]
     assert attempts[1].status_of("snapshot_restore_s") > 0 and attempts[1].status_of("restore_s") == 0
+
+
+
+def test_two_nodes_lost_at_once_shrink_the_run_then_it_starts_again_whole_when_ray_cannot_replace_them(
+        three_workers, dataset_url, tmp_path):
+    """Ray Train replaces a lost worker alone, and its controller fails where another of the group is lost too."""
+    cluster = three_workers
+    driver = start_training(dataset_url, tmp_path, cluster, "scaling.num_workers=3", "scaling.min_workers=1",
+                            "snapshot.every_steps=3", f"train.max_steps={STEPS}")
+    log = tmp_path / "driver.log"
+    wait_for_checkpoint(tmp_path, 20, driver)
+    past_the_checkpoint(tmp_path)
+    for node in [node for node in cluster.nodes[1:] if node.alive][-2:]:  # earlier drills' dead nodes stay listed
+        cluster.kill(node)
+    wait_until(lambda: "SHRUNK to 1 workers" in log.read_text(), "the run shrinking", tmp_path, driver)
+    cluster.add_node()
+    cluster.add_node()
+    summary = finish(driver, tmp_path)
+    assert summary["final_step"] == STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    assert log.read_text().count("starting the workers again from the run's newest state") == 1
+    attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
+    assert [(a.info.world_size, a.ending.kind) for a in attempts] == [(3, "kill"), (1, "resize"), (3, "finished")]
+    assert summary["spot_interruptions"] == 1, summary  # the two nodes' loss ended one attempt

@@ -31,7 +31,7 @@ from spotray.accounts.prices import price_book, read_prices_file
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
 from spotray.config import TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
-from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent
+from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent, verdict
 from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
@@ -241,12 +241,21 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
-    other capacity). Within a fit, Ray Train restarts the workers (also to grow back to the whole group),
-    ``FailureBudget`` keeps the budgets and ``ShrinkOnLoss`` sizes the restarts."""
+    other capacity), or where Ray Train failed to replace the survivors' lost workers. Within a fit, Ray Train
+    restarts the workers (also to grow back to the whole group), ``FailureBudget`` keeps the budgets and
+    ``ShrinkOnLoss`` sizes the restarts."""
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
-    while _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget) == MOVED:
-        why = preemptions_spent(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0))
+    while (ended := _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget)) is not None:
+        if ended != MOVED:
+            (console or sys.stderr).write(f"spotray: Ray Train failed replacing a lost worker ({ended}): starting "
+                                          "the workers again from the run's newest state\n")
+            _record_ending(attempts, endings.RESIZE, "Ray Train could not replace the lost workers in place: the "
+                                                     "whole group started again")
+        counted = charges(attempts, budget.since, 0)
+        failed = f"training run '{cfg.run.name}' failed: {ended}"
+        why = (preemptions_spent(cfg.fault_tolerance, cfg.run.name, counted) if ended == MOVED
+               else verdict(cfg.fault_tolerance, cfg.run.name, counted, failed))
         if why:
             raise TrainingFailed(why)
 
@@ -271,6 +280,16 @@ def _remove_snapshots(root: Location) -> None:
         remove_holders(root.url)
     except Exception as exc:  # Ray's errors when its head is gone are not one type
         log.warning("could not remove the run's snapshot holders: %s", exc)
+
+
+def _record_ending(attempts: Location, kind: str, reason: str) -> None:
+    """How the newest attempt ended, where only this driver knows; best effort, as ``_record_driver_end``."""
+    try:
+        newest = _newest_attempt(attempts)
+        if newest:
+            endings.record(attempts, newest, kind, reason)
+    except (SpotrayError, OSError) as exc:
+        log.warning("could not record how the attempt ended: %s", exc)
 
 
 def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:
@@ -351,7 +370,8 @@ def log_location(cfg: TrainConfig) -> Location:
 
 def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> str | None:
     """One Ray Train run of the loop (``cfg`` as the workers get it); how its last attempt ended where it ended to
-    be started again (``MOVED`` on a notice), else None."""
+    be started again (``MOVED`` on a notice; why Ray Train's controller failed replacing a lost survivor's worker),
+    else None."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
@@ -384,6 +404,12 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     except ray.exceptions.RayActorError:
         if not (ender and ender.ended):
             raise
+    except ray.train.ControllerError as exc:
+        # Ray Train replaces a lost survivor's worker alone, and fails where it calls another worker of the group that
+        # was lost too (two nodes lost at once): the run goes on from its newest state in a new fit.
+        if keeper is None or not isinstance(exc.controller_failure, ray.exceptions.RayActorError):
+            raise
+        return root_cause(exc.controller_failure).strip()[:200]
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
