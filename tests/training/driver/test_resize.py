@@ -3,9 +3,11 @@ its nodes still answer, and the restart kept off the others."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
+import ray
 from ray.train.v2._internal.execution.controller.state import RestartingState, RunningState
 from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
@@ -88,3 +90,25 @@ def test_without_min_workers_a_lost_node_or_a_worker_groups_failure_nothing_chan
     monkeypatch.setattr(resize, "unreachable_nodes", lambda nodes: ())  # a worker's own error: every node answers
     assert restart(shrinking) == 4
     assert shrinking.on_controller_start_worker_group(scaling_config=None, num_workers=4) is None
+
+
+def test_a_slow_answer_from_the_keeper_does_not_stop_the_end_of_a_run_that_waits_on_a_replacement(monkeypatch):
+    """A timed-out call is asked again; only the keeper's loss ends the watch without ending the controller."""
+    answers = iter([ray.exceptions.GetTimeoutError("keeper busy"), resize.END_AFTER_S + 1, "controller"])
+
+    def get(ref, timeout):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    killed: list[str] = []
+    monkeypatch.setattr(resize.ray, "get", get)
+    monkeypatch.setattr(resize.ray, "kill", killed.append)
+    call = SimpleNamespace(remote=lambda: None)
+    keeper = SimpleNamespace(ended_for_s=call, get_controller=call)
+    with resize.EndWithoutReplacement(keeper) as ender:
+        deadline = time.monotonic() + 30
+        while not killed and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert killed == ["controller"] and ender.ended

@@ -94,9 +94,11 @@ class EndWithoutReplacement:
                 if not isinstance(ended_for_s, float) or ended_for_s < END_AFTER_S:
                     continue
                 controller = ray.get(self.keeper.get_controller.remote(), timeout=10)
+            except ray.exceptions.GetTimeoutError:  # a slow answer on a loaded node: giving up would wait forever
+                continue
             except ray.exceptions.RayError:  # the keeper is gone: the fit is ending
                 return
             if controller is not None:
                 self.ended = True
                 ray.kill(controller)
-            return
+                return
