@@ -250,8 +250,6 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
         if ended != MOVED:
             (console or sys.stderr).write(f"spotray: Ray Train failed replacing a lost worker ({ended}): starting "
                                           "the workers again from the run's newest state\n")
-            _record_ending(attempts, endings.RESIZE, "Ray Train could not replace the lost workers in place: the "
-                                                     "whole group started again")
         counted = charges(attempts, budget.since, 0)
         failed = f"training run '{cfg.run.name}' failed: {ended}"
         why = (preemptions_spent(cfg.fault_tolerance, cfg.run.name, counted) if ended == MOVED
@@ -280,16 +278,6 @@ def _remove_snapshots(root: Location) -> None:
         remove_holders(root.url)
     except Exception as exc:  # Ray's errors when its head is gone are not one type
         log.warning("could not remove the run's snapshot holders: %s", exc)
-
-
-def _record_ending(attempts: Location, kind: str, reason: str) -> None:
-    """How the newest attempt ended, where only this driver knows; best effort, as ``_record_driver_end``."""
-    try:
-        newest = _newest_attempt(attempts)
-        if newest:
-            endings.record(attempts, newest, kind, reason)
-    except (SpotrayError, OSError) as exc:
-        log.warning("could not record how the attempt ended: %s", exc)
 
 
 def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:
