@@ -2,10 +2,12 @@
 node killed with no replacement shrinks the run at once to the 2 workers left; a node that joins later grows it back
 to 3 at a committed step (under DDP, and under FSDP, where every rank restores its own part at the new size); a run
 whose lost worker is never replaced still ends. A notice moves the run off its node with no step lost. Two nodes lost
-at once: the one left goes on, and the whole group starts again once Ray Train fails to replace them. Every sample
-is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
+at once: the one left goes on, alone in a new fit where Ray Train fails to replace them, and grows back once nodes
+join. Every sample is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -72,29 +74,35 @@ def test_a_notice_moves_the_run_to_the_others_at_once_losing_no_step(three_worke
 
 
 
-def test_two_nodes_lost_at_once_shrink_the_run_then_it_starts_again_whole_when_ray_cannot_replace_them(
+def test_two_nodes_lost_at_once_leave_one_worker_that_trains_alone_where_ray_cannot_replace_them_then_grows_back(
         three_workers, dataset_url, tmp_path):
-    """Ray Train replaces a lost worker alone, and its controller fails where another of the group is lost too."""
+    """Ray Train replaces a lost worker alone, and its controller fails where another of the group is lost too: the
+    driver starts a new fit with the one worker that fits, which grows back to the whole group once nodes join."""
     cluster = three_workers
     driver = start_training(dataset_url, tmp_path, cluster, "scaling.num_workers=3", "scaling.min_workers=1",
-                            "snapshot.every_steps=3", f"train.max_steps={STEPS}")
+                            "scaling.grow_after_s=3", "snapshot.every_steps=3", f"train.max_steps={KILLS_STEPS}")
     log = tmp_path / "driver.log"
     wait_for_checkpoint(tmp_path, 20, driver)
     past_the_checkpoint(tmp_path)
     for node in [node for node in cluster.nodes[1:] if node.alive][-2:]:  # earlier drills' dead nodes stay listed
         cluster.kill(node)
-    again = "starting the workers again from the run's newest state"
-    # Ray's controller may fail before the survivor's first step, which the SHRUNK line waits for.
-    wait_until(lambda: "SHRUNK to 1 workers" in log.read_text() or again in log.read_text(), "the run shrinking",
-               tmp_path, driver)
+    again = "starting the workers again from the run's newest state, 1 of 3 workers"
+    wait_until(lambda: again in log.read_text(), "Ray Train's failed replacement, and a new fit of 1 worker", tmp_path,
+               driver)
+    since, attempts = time.time(), resolve(f"{tmp_path}/ckpt").child("drill", "attempts")
+    wait_until(lambda: any(a.info.world_size == 1 and a.info.started_at >= since and a.status_of("first_step_at")
+                           for a in goodput.attempt_records(attempts)), "the worker left training alone", tmp_path,
+               driver)
     cluster.add_node()
     cluster.add_node()
     summary = finish(driver, tmp_path)
-    assert summary["final_step"] == STEPS and summary["audit"]["exactly_once"], summary["audit"]
-    assert log.read_text().count(again) == 1
-    attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
-    sizes_and_endings = [(a.info.world_size, a.ending.kind) for a in attempts]
-    assert sizes_and_endings[0] == (3, "kill") and sizes_and_endings[-1] == (3, "finished"), sizes_and_endings
-    # The survivor's attempt, where it recorded itself: it lost no node, so no evidence says why it ended.
-    assert set(sizes_and_endings[1:-1]) <= {(1, "unknown")}, sizes_and_endings
+    assert summary["final_step"] == KILLS_STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    assert log.read_text().count("starting the workers again") == 1 and "GREW to 3 workers" in log.read_text()
+    sizes_and_endings = [(a.info.world_size, a.ending.kind) for a in goodput.attempt_records(attempts)]
+    assert sizes_and_endings[0] == (3, "kill") and sizes_and_endings[-2:] == [(1, "resize"), (3, "finished")], \
+        sizes_and_endings
+    # The survivor's attempt in the failed fit, where it recorded itself: it lost no node, and no budget pays for it.
+    assert set(sizes_and_endings[1:-2]) <= {(1, "restarted")}, sizes_and_endings
+    (_, alone_last), (grown_from, _) = attempts_and_last_steps(tmp_path)[-2:]
+    assert grown_from == alone_last  # growing loses no step
     assert summary["spot_interruptions"] == 1, summary  # the two nodes' loss ended one attempt

@@ -88,6 +88,16 @@ def test_the_first_record_of_an_ending_wins(root):
     assert recorded_kind(root, "a") == "kill"
 
 
+@pytest.mark.parametrize(("later", "kind"), [(endings.KILL, "kill"), (endings.NODE_LOST, "node_lost"),
+                                            (endings.STOPPED, "restarted")])
+def test_a_node_loss_reported_after_a_start_again_replaces_it_as_the_attempts_ending(root, later, kind):
+    """Ray Train may fail replacing lost workers before Ray says their node is dead."""
+    write_attempt(root, "a", 0, 50, STATUS)
+    endings.record(root, "a", endings.RESTARTED, endings.DESCRIPTIONS[endings.RESTARTED])
+    endings.record(root, "a", later, "node n2 lost")
+    assert recorded_kind(root, "a") == kind
+
+
 def test_a_driver_that_never_recorded_its_end_was_lost_with_its_last_attempt(root):
     write_attempt(root, "a", 0, 50, STATUS)
     endings.driver_started(root, "a")  # the first driver that records itself: a ledger from before has no record

@@ -17,12 +17,12 @@ from spotray.accounts import endings, goodput, ledger
 from spotray.driver import failure_budget
 from spotray.driver.failure_budget import BudgetSpent, FailureBudget
 from spotray.driver.launch import failure_config
-from spotray.storage import StorageOptions, resolve
+from spotray.storage import Location, StorageOptions, resolve
 
 FAILED = RestartingState(WorkerGroupError("rank 1: Traceback ...\nFloatingPointError: loss is nan", {}))
 
 
-def budget_for(tmp_path, *overrides: str) -> tuple[FailureBudget, object]:
+def budget_for(tmp_path, *overrides: str) -> tuple[FailureBudget, Location]:
     cfg = config.load(None, ["data.path=/unused", *overrides])
     attempts = resolve(str(tmp_path / "attempts"))
     budget = FailureBudget(attempts.url, StorageOptions(), cfg.fault_tolerance, "r", time.time() - 1)
@@ -72,6 +72,14 @@ def test_spot_interruptions_spend_max_preemptions(tmp_path):
     with pytest.raises(BudgetSpent, match=r"restarted 2 times after spot interruptions \(the last: it lost a "
                                               r"spot node\), over fault_tolerance.max_preemptions=1; raise it"):
         budget.after_controller_state_update(RunningState(), FAILED)
+
+
+def test_a_start_again_after_ray_failed_to_replace_lost_workers_is_never_charged(tmp_path):
+    """The node loss behind it is charged where its evidence is on record."""
+    budget, attempts = budget_for(tmp_path, "fault_tolerance.max_failures=0", "fault_tolerance.max_preemptions=0")
+    attempt_ends(attempts, endings.RESTARTED)
+    attempt_ends(attempts, endings.RESIZE)
+    assert failure_budget.charges(attempts, budget.since, 0) == failure_budget.Charges(0, 0, None)
 
 
 def test_only_a_restart_is_charged(tmp_path):

@@ -34,10 +34,8 @@ def restart(callback: ShrinkOnLoss, state=FAILED) -> int:
     return decision.num_workers
 
 
-@pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])
-def test_a_loss_the_whole_group_no_longer_fits_restarts_with_the_workers_that_do_down_to_min_workers(
-        monkeypatch, fit, restart_with):
-    """4 fit: a replacement is there; 1: too few, Ray's restart waits for capacity as without min_workers."""
+def node_c_lost(monkeypatch, fit: int) -> list[list[str]]:
+    """node-c's raylet does not answer, and ``fit`` workers fit on the other nodes; the node lists asked about."""
     asked: list[list[str]] = []
 
     def unreachable(nodes) -> tuple[str, ...]:
@@ -46,6 +44,14 @@ def test_a_loss_the_whole_group_no_longer_fits_restarts_with_the_workers_that_do
 
     monkeypatch.setattr(resize, "unreachable_nodes", unreachable)
     monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
+    return asked
+
+
+@pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])
+def test_a_loss_the_whole_group_no_longer_fits_restarts_with_the_workers_that_do_down_to_min_workers(
+        monkeypatch, fit, restart_with):
+    """4 fit: a replacement is there; 1: too few, Ray's restart waits for capacity as without min_workers."""
+    asked = node_c_lost(monkeypatch, fit)
     callback = started(ShrinkOnLoss(SHRINKS))
     assert restart(callback) == restart_with and callback.workers == restart_with
     assert asked == [["node-a", "node-b", "node-c", "node-d"]]
@@ -112,3 +118,18 @@ def test_a_slow_answer_from_the_keeper_does_not_stop_the_end_of_a_run_that_waits
         while not killed and time.monotonic() < deadline:
             time.sleep(0.1)
     assert killed == ["controller"] and ender.ended
+
+
+@pytest.mark.parametrize(("fit", "size"), [(3, 3), (2, 2), (1, 4)])
+def test_a_new_fit_after_lost_nodes_starts_with_the_workers_that_fit_down_to_min_workers_and_keeps_off_them(
+        monkeypatch, fit, size):
+    """1 fit: too few, the new fit waits for capacity for the whole group."""
+    nodes = [{"NodeID": "node-a", "Alive": True}, {"NodeID": "node-b", "Alive": True},
+             {"NodeID": "node-c", "Alive": True}, {"NodeID": "node-d", "Alive": False}]
+    monkeypatch.setattr(resize.ray, "nodes", lambda: nodes)
+    asked = node_c_lost(monkeypatch, fit)
+    assert resize.restart_size(SHRINKS) == (size, ("node-c",))
+    assert asked == [["node-a", "node-b", "node-c"]]  # Ray may list a killed node as alive for 15 s more
+    assert resize.KeepOff(("node-c",)).on_controller_start_worker_group(scaling_config=None, num_workers=size) == {
+        "ray.io/node-id": "!in(node-c)"}
+    assert resize.KeepOff(()).on_controller_start_worker_group(scaling_config=None, num_workers=size) is None

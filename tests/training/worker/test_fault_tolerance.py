@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from spotray.accounts import goodput, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer, checkpoints_root, list_committed
 from spotray.config import FaultToleranceSection
 from spotray.driver import launch
@@ -115,7 +115,7 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
                                                                                       monkeypatch, budget):
     attempts_moved = iter([True, True, False])  # two attempts move on a notice, the third finishes
 
-    def fit(cfg, runtime_env, root, budget):
+    def fit(cfg, runtime_env, root, budget, start):
         attempts, moved = root.child("attempts"), next(attempts_moved)
         attempt_id = f"{len(ledger.read_attempts(attempts)) + 1:03d}"
         ledger.write_attempt(attempts, ledger.AttemptInfo(attempt_id, 0, 2, 4))
@@ -140,7 +140,47 @@ def test_each_move_on_a_notice_spends_the_preemption_budget_never_the_failure_bu
         assert launch.run(cfg) == {"finished": True}
 
 
+@pytest.mark.parametrize("errored_before", [False, True])
+def test_a_fit_ray_could_not_repair_starts_again_with_the_workers_that_fit_charged_to_no_budget_then_whole_once_it_grew(
+        dataset_url, tmp_path, monkeypatch, errored_before):
+    import io
+
+    outcomes = iter([launch.ReplacementFailed("the actor died"), launch.GROWN, None])
+    starts: list[launch.Start] = []
+
+    def fit(cfg, runtime_env, root, budget, start):
+        attempts = root.child("attempts")
+        if errored_before and not starts:  # a failure Ray Train restarted within the fit, before the nodes were lost
+            ledger.write_attempt(attempts, ledger.AttemptInfo("000", 0, start.workers, 4))
+            attempts.child("000", goodput.STATUS_FILE).write_text(json.dumps(
+                {"error": "FloatingPointError: loss is nan", "entered_at": time.time(), "last_seen": time.time()}))
+        starts.append(start)
+        ledger.write_attempt(attempts, ledger.AttemptInfo(f"{len(starts):03d}", 0, start.workers, 4))
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(launch, "_fit", fit)
+    monkeypatch.setattr(launch, "restart_size", lambda scaling: (1, ("lost-a", "lost-b")))
+    monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
+    monkeypatch.setattr(launch, "summarize", lambda *_: {"finished": True})
+    cfg = make_config(dataset_url, str(tmp_path), "repair", "scaling.min_workers=1", "fault_tolerance.max_failures=0")
+    console = io.StringIO()
+    if errored_before:
+        with pytest.raises(TrainingFailed, match=r"^training run 'repair' failed: the actor died$"):
+            launch.run(cfg, console=console)
+        assert starts == [launch.Start(2)]
+        return
+    assert launch.run(cfg, console=console) == {"finished": True}
+    assert starts == [launch.Start(2), launch.Start(1, ("lost-a", "lost-b")), launch.Start(2)]
+    assert ("spotray: Ray Train failed replacing a lost worker (the actor died): starting the workers again from the "
+            "run's newest state, 1 of 2 workers (the ones that fit; growing back when capacity returns)\n"
+            ) in console.getvalue()
+    assert (endings.read(resolve(str(tmp_path)).child("repair", "attempts"), "001") or {}).get("kind") == "restarted"
+
 BUDGET = FailureBudget("/unused", StorageOptions(), FaultToleranceSection(), "outage", 0.0)  # _fit is the fake
+START = launch.Start(2)
 
 
 def _starts(monkeypatch, *outcomes) -> None:
@@ -172,7 +212,8 @@ def test_an_attempt_that_could_not_start_in_a_storage_outage_starts_again_once_s
     monkeypatch.setattr(Location, "reachable", lambda self: next(answers))
     _starts(monkeypatch, _controller_did_not_start(), launch.MOVED)
     cfg, console = make_config(str(tmp_path), str(tmp_path), "outage"), io.StringIO()
-    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console, BUDGET) == \
+    assert launch._fit_through_storage_outages(cfg, cfg, None, resolve(str(tmp_path)), console, BUDGET,
+                                                 START) == \
         launch.MOVED
     assert console.getvalue().count("\n") == 1 and "the attempt did not start (OSError: When testing" in \
         console.getvalue() and "starting it again once storage answers" in console.getvalue()
@@ -187,11 +228,11 @@ def test_a_start_failing_again_with_storage_up_or_an_outage_past_the_budget_ends
     root = resolve(str(tmp_path))
     _starts(monkeypatch, _controller_did_not_start(), _controller_did_not_start())  # storage answers: once more
     with pytest.raises(TrainingFailed, match=r"failed: Ray Train's controller did not start \(OSError: When"):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET, START)
     monkeypatch.setattr(Location, "reachable", lambda self: False)
     _starts(monkeypatch, _controller_did_not_start())
     with pytest.raises(StorageError, match=r"stayed unreachable for checkpoint.save_failure_budget_s=0s; run the"):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET, START)
     _starts(monkeypatch, ray.exceptions.RayActorError(error_msg="the controller's node died"))  # not at its start
     with pytest.raises(ray.exceptions.RayActorError):
-        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET)
+        launch._fit_through_storage_outages(cfg, cfg, None, root, io.StringIO(), BUDGET, START)

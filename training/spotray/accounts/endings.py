@@ -4,7 +4,8 @@ Who records what:
 - rank 0 of the attempt: a preemption notice, an error and an end to grow back (its ``status.json``), a finish
   (its ``final.json``);
 - the driver (``ending.json`` of the attempt): a node the attempt held that Ray or Kubernetes reports lost, with the
-  reason given there; the user's stop (Ctrl-C, SIGTERM of the driver); the loss of the head; its own failure;
+  reason given there; the user's stop (Ctrl-C, SIGTERM of the driver); the loss of the head; its own failure; its
+  start of the workers again where Ray Train failed to replace lost ones (a node loss reported later replaces it);
 - the next driver: a driver that started and never recorded its end was lost (with the head it ran on, or alone).
 
 Only ``SPOT`` endings are spot interruptions: they alone count for AWS's free first hour, for the observed
@@ -33,14 +34,18 @@ HEAD_LOST = "head_lost"  # the Ray head stopped answering the driver
 DRIVER_FAILED = "driver_failed"  # the driver itself failed
 DRIVER_LOST = "driver_lost"  # the driver ended without a record of why: it, or the head it ran on, was lost
 RESIZE = "resize"  # ended at a committed step to restart with the whole worker group, once capacity was back
+RESTARTED = "restarted"  # the driver started the workers again: Ray Train failed to replace lost ones
 UNKNOWN = "unknown"
 
 SPOT = frozenset({NOTICE, KILL})
+NODE_LOSSES = frozenset({KILL, NODE_LOST})
+UNCHARGED = frozenset({RESIZE, RESTARTED})  # no failure: a restart the run chose, or one a node loss already charged
 PAUSES = frozenset({FINISHED, STOPPED})  # the run did not exist until someone ran it again: not its time
 DESCRIPTIONS = {NOTICE: "spot preemption notice", KILL: "spot node lost without notice", NODE_LOST: "node lost",
                 ERROR: "error", FINISHED: "finished", STOPPED: "stopped by the user", HEAD_LOST: "Ray head lost",
                 DRIVER_FAILED: "driver failed", DRIVER_LOST: "driver or head lost (no record of why)",
                 RESIZE: "ended to grow back to the whole worker group",
+                RESTARTED: "started again after Ray Train failed to replace lost workers",
                 UNKNOWN: "unknown (no record of why)"}
 SPOT_DEATHS = frozenset({"AUTOSCALER_DRAIN_PREEMPTED"})  # Ray's node death reasons that name a spot preemption
 
@@ -86,9 +91,12 @@ def read(root: Location, attempt_id: str) -> dict | None:
 
 
 def record(root: Location, attempt_id: str, kind: str, reason: str) -> None:
-    """The driver's evidence for an attempt; the first record wins (the node loss that ended it comes first)."""
+    """The driver's evidence for an attempt; the first record wins (the node loss that ended it comes first), but a
+    node loss replaces a start again: where Ray Train fails before Ray says a node is dead, the newest attempt may be
+    the one that lost it."""
     location = root.child(attempt_id, ENDING_FILE)
-    if not location.exists():
+    text = location.read_text_if_exists()
+    if text is None or (kind in NODE_LOSSES and json.loads(text)["kind"] == RESTARTED):
         location.write_text(json.dumps({"kind": kind, "reason": reason, "at": time.time()}, sort_keys=True))
 
 

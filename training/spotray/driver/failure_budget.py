@@ -40,7 +40,7 @@ class Charges:
 def charges(attempts: Location, since: float, unrecorded: int) -> Charges:
     ended = [goodput.attempt_record(attempts, info, steps=False).ending
              for info in ledger.read_attempts(attempts) if info.started_at >= since]
-    mine = [ending for ending in ended if ending.kind != endings.RESIZE]  # a resize is no failure
+    mine = [ending for ending in ended if ending.kind not in endings.UNCHARGED]
     spot = sum(ending.spot for ending in mine)
     return Charges(len(mine) - spot + unrecorded, spot, mine[-1] if mine else None)
 

@@ -36,7 +36,7 @@ from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
 from spotray.driver.placement import group_fits, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
-from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, ShrinkOnLoss
+from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, KeepOff, ShrinkOnLoss, restart_size
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.ray_local import start_local_ray
@@ -62,6 +62,19 @@ log = logging.getLogger(__name__)
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
 MOVED = "moved"  # an attempt that ended on a notice, to be started again on other capacity
+GROWN = "grown"  # a fit below scaling.num_workers that ended at a committed step, to be started again whole
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """How a fit starts: its workers, kept off the nodes found lost before it."""
+
+    workers: int
+    keep_off: tuple[str, ...] = ()
+
+
+class ReplacementFailed(Exception):  # noqa: N818 - an outcome the driver goes on from
+    """Ray Train's controller failed replacing a lost worker of the survivors' run; its cause, in one line."""
 
 
 def ray_train_fn(config: dict) -> None:
@@ -90,14 +103,20 @@ def ray_train_fn(config: dict) -> None:
 def _train_in_generations(cfg: TrainConfig) -> None:
     """The survivors' worker (``spotray.survivors``): ``train`` once per generation in this process, each attempt
     restoring the newest state (its node's snapshot) at the generation's size. A failure goes on in the next
-    generation where a member was lost, and is raised as before where none was."""
+    generation where a member was lost, and is raised as before where none was. A fit the driver started below
+    ``scaling.num_workers`` ends itself once the whole group fits, for the driver to start it whole."""
     member = Member(run_root(cfg).url)
+    small_fit = ray.train.get_context().get_world_size() < cfg.scaling.num_workers
     after_failure, failure = False, None
     try:
         while isinstance(seat := member.join(after_failure), Seat):
             try:
-                result = train(cfg, _generation_env(cfg, member, seat))
+                result = train(cfg, _generation_env(cfg, member, seat, small_fit))
             except GrowingBack:
+                if small_fit:  # for the driver to start the whole group; a newcomer waiting at the keeper returns
+                    if seat.rank == 0:
+                        member.finish()
+                    return
                 after_failure = False
                 continue
             except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping the worker
@@ -127,11 +146,13 @@ def _without_locals(exc: BaseException) -> BaseException:
     return exc
 
 
-def _generation_env(cfg: TrainConfig, member: Member, seat: Seat) -> WorkerEnv:
+def _generation_env(cfg: TrainConfig, member: Member, seat: Seat, small_fit: bool) -> WorkerEnv:
+    """A generation grows back with the newcomers Ray started in place of lost workers; a small fit's once the whole
+    group fits on the cluster."""
     snapshots = snapshot_root(run_root(cfg).url, cfg.snapshot.max_bytes) if cfg.snapshot.enabled else None
+    grows = functools.partial(group_fits, cfg.scaling, ()) if small_fit else member.newcomers_wait
     return WorkerEnv(seat.rank, seat.world_size, ray.train.torch.get_device(), _no_report,
-                     functools.partial(member.drain_deadline, seat.rank), member.others_suffice, snapshots,
-                     member.newcomers_wait)
+                     functools.partial(member.drain_deadline, seat.rank), member.others_suffice, snapshots, grows)
 
 
 def _no_report(metrics: dict) -> None:
@@ -241,21 +262,38 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
-    other capacity), or where Ray Train failed to replace the survivors' lost workers. Within a fit, Ray Train
-    restarts the workers (also to grow back to the whole group), ``FailureBudget`` keeps the budgets and
-    ``ShrinkOnLoss`` sizes the restarts."""
+    other capacity), after a fit below the whole group ended to grow back, or where Ray Train failed to replace the
+    survivors' lost workers (then with the workers that fit). Within a fit, Ray Train restarts the workers (also to
+    grow back to the whole group), ``FailureBudget`` keeps the budgets and ``ShrinkOnLoss`` sizes the restarts."""
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
-    while (ended := _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget)) is not None:
-        if ended != MOVED:
-            (console or sys.stderr).write(f"spotray: Ray Train failed replacing a lost worker ({ended}): starting "
-                                          "the workers again from the run's newest state\n")
-        counted = charges(attempts, budget.since, 0)
-        failed = f"training run '{cfg.run.name}' failed: {ended}"
-        why = (preemptions_spent(cfg.fault_tolerance, cfg.run.name, counted) if ended == MOVED
-               else verdict(cfg.fault_tolerance, cfg.run.name, counted, failed))
-        if why:
+    whole = Start(cfg.scaling.num_workers)
+    start = whole
+    while True:
+        try:
+            ended = _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget, start)
+        except ReplacementFailed as exc:
+            _record_restarted(attempts)
+            why = verdict(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0),
+                          f"training run '{cfg.run.name}' failed: {exc}")
+            if why:
+                raise TrainingFailed(why) from exc
+            start = Start(*restart_size(cfg.scaling))
+            (console or sys.stderr).write(f"spotray: Ray Train failed replacing a lost worker ({exc}): starting the "
+                                          f"workers again from the run's newest state, {_of(start, whole)}\n")
+            continue
+        if ended is None:
+            return
+        if ended == MOVED and (why := preemptions_spent(cfg.fault_tolerance, cfg.run.name,
+                                                        charges(attempts, budget.since, 0))):
             raise TrainingFailed(why)
+        start = whole
+
+
+def _of(start: Start, whole: Start) -> str:
+    if start.workers == whole.workers:
+        return f"all {whole.workers} workers (waiting for capacity where the cluster lacks it)"
+    return f"{start.workers} of {whole.workers} workers (the ones that fit; growing back when capacity returns)"
 
 
 def _newest_attempt(attempts: Location) -> str | None:
@@ -278,6 +316,15 @@ def _remove_snapshots(root: Location) -> None:
         remove_holders(root.url)
     except Exception as exc:  # Ray's errors when its head is gone are not one type
         log.warning("could not remove the run's snapshot holders: %s", exc)
+
+
+def _record_restarted(attempts: Location) -> None:
+    """The newest attempt's ending, where no node loss is on record for it; best effort, as ``_record_driver_end``."""
+    try:
+        if newest := _newest_attempt(attempts):
+            endings.record(attempts, newest, endings.RESTARTED, endings.DESCRIPTIONS[endings.RESTARTED])
+    except (SpotrayError, OSError) as exc:
+        log.warning("could not record how the attempt ended: %s", exc)
 
 
 def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:
@@ -312,7 +359,8 @@ def _cluster_lost(cfg: TrainConfig, root: Location) -> ClusterLost:
 
 
 def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None,
-                                 root: Location, console: TextIO | None, budget: FailureBudget) -> str | None:
+                                 root: Location, console: TextIO | None, budget: FailureBudget,
+                                 start: Start) -> str | None:
     """``_fit``, started again when Ray Train's controller failed to start: it writes a marker in storage as it
     starts, so an outage would otherwise end the run. Started once more at once (the outage may be over already),
     then again whenever storage answers, within checkpoint.save_failure_budget_s as for saves."""
@@ -321,7 +369,7 @@ def _fit_through_storage_outages(cfg: TrainConfig, workers_cfg: TrainConfig, run
     failed_with_storage_up = False
     while True:
         try:
-            return _fit(workers_cfg, runtime_env, root, budget)
+            return _fit(workers_cfg, runtime_env, root, budget, start)
         except ray.exceptions.RayActorError as exc:
             if not exc.actor_init_failed:
                 raise
@@ -356,20 +404,21 @@ def log_location(cfg: TrainConfig) -> Location:
     return run_root(with_absolute_paths(cfg)).child("logs", time.strftime("train-%Y%m%d-%H%M%S.log"))
 
 
-def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget) -> str | None:
+def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: FailureBudget,
+         start: Start) -> str | None:
     """One Ray Train run of the loop (``cfg`` as the workers get it); how its last attempt ended where it ended to
-    be started again (``MOVED`` on a notice; why Ray Train's controller failed replacing a lost survivor's worker),
-    else None."""
+    be started again (``MOVED`` on a notice, ``GROWN`` to grow back), else None. Raises ``ReplacementFailed``."""
     storage = resolve(cfg.checkpoint.path, cfg.storage.options())
     if cfg.script.path:  # read by TorchTrainer: a script's workers stay in its folder, as under torchrun
         os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
-    keeper = (start_keeper(root.url, cfg.scaling.num_workers, cfg.scaling.fewest_workers) if keeps_survivors(cfg)
-              else None)
+    keeper = start_keeper(root.url, start.workers, cfg.scaling.fewest_workers) if keeps_survivors(cfg) else None
+    callbacks: list = [budget, KeepOff(start.keep_off),  # Ray runs a ControllerCallback given as a UserCallback too
+                       ControllerToKeeper(root.url) if keeper is not None else ShrinkOnLoss(cfg.scaling)]
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config=cfg.to_dict(),
         scaling_config=ScalingConfig(
-            num_workers=cfg.scaling.num_workers,
+            num_workers=start.workers,
             use_gpu=cfg.scaling.use_gpu,
             resources_per_worker=cfg.scaling.resources_per_worker or None,
         ),
@@ -379,9 +428,7 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
             storage_path=storage.path,
             storage_filesystem=storage.fs,
             failure_config=failure_config(),
-            # Ray runs a ControllerCallback given here too
-            callbacks=[budget, ControllerToKeeper(root.url) if keeper is not None  # type: ignore[list-item]
-                       else ShrinkOnLoss(cfg.scaling)],
+            callbacks=callbacks,
             worker_runtime_env=runtime_env,
         ),
     )
@@ -397,11 +444,11 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
         # was lost too (two nodes lost at once): the run goes on from its newest state in a new fit.
         if keeper is None or not isinstance(exc.controller_failure, ray.exceptions.RayActorError):
             raise
-        return root_cause(exc.controller_failure).strip()[:200]
+        raise ReplacementFailed(root_cause(exc.controller_failure).strip()[:200]) from exc
     attempts = root.child("attempts")
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
-    return MOVED if status.get("moved_at") else None
+    return MOVED if status.get("moved_at") else GROWN if status.get("grew") else None
 
 
 @contextlib.contextmanager

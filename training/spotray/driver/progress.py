@@ -135,9 +135,11 @@ class ProgressMonitor:
         record = replace(goodput.attempt_record(self.root, prev, steps=False, status=False), status=prev_status)
         event = goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
         first_step_at = (cur_status or {}).get("first_step_at")
-        # The survivors may train again before Ray has marked the lost node dead: the why has a while to come.
+        # The survivors may train again before Ray has marked the lost node dead: the why has a while to come, and
+        # replaces the driver's start again.
         evidence_over = first_step_at is not None and time.time() - first_step_at >= EVIDENCE_WAIT_S
-        if (event.kind != endings.UNKNOWN or evidence_over) and self._once(prev.attempt_id, "ended"):
+        provisional = event.kind in (endings.UNKNOWN, endings.RESTARTED)
+        if (not provisional or evidence_over) and self._once(prev.attempt_id, "ended"):
             line = _ending_line(event)
             if line:
                 self._event(line)

@@ -7,7 +7,11 @@ Ray Train's own elastic sizing decides from the autoscaling coordinator's node l
 only after the GCS has marked it dead (about 15 s) and on a 20 s tick. spotray decides as Ray Train reports the
 failure (the survivors' collectives fail first), asking each of the group's nodes whether its raylet still answers,
 and sets the size of the restart Ray is about to make (``before_controller_execute_resize_decision``), its placement
-steered off the lost nodes, which Ray may still list as alive."""
+steered off the lost nodes, which Ray may still list as alive.
+
+In the survivors' own processes (``spotray.survivors``) Ray Train replaces each lost worker alone; where it fails to
+(two nodes lost at once), the driver starts a new fit with the workers that fit (``restart_size``), kept off the lost
+nodes (``KeepOff``), and that fit ends itself to grow back once the whole group fits."""
 
 from __future__ import annotations
 
@@ -58,7 +62,30 @@ class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
             self._restart_with = None
 
     def on_controller_start_worker_group(self, *, scaling_config, num_workers: int) -> dict[str, str] | None:
-        return {NODE_ID_LABEL_KEY: f"!in({','.join(self.avoid)})"} if self.avoid else None
+        return _off(self.avoid)
+
+
+def restart_size(scaling: ScalingSection) -> tuple[int, tuple[str, ...]]:
+    """The size of a new fit after nodes were lost, and the lost nodes to keep it off: the workers that fit on the
+    nodes left, where they are at least ``min_workers``, else the whole group (which waits for capacity)."""
+    lost = unreachable_nodes([node["NodeID"] for node in ray.nodes() if node["Alive"]])
+    fit = workers_that_fit(scaling, excluding=lost)
+    return (fit if fit >= scaling.fewest_workers else scaling.num_workers), lost
+
+
+class KeepOff(ControllerCallback):
+    """Keeps a fit's worker group off the nodes found lost before it started, which Ray may still list as alive."""
+
+    def __init__(self, nodes: tuple[str, ...]):
+        self.nodes = nodes
+
+    def on_controller_start_worker_group(self, *, scaling_config, num_workers: int) -> dict[str, str] | None:
+        return _off(self.nodes)
+
+
+def _off(nodes: tuple[str, ...]) -> dict[str, str] | None:
+    """Ray's label selector for a worker group placed on none of ``nodes``."""
+    return {NODE_ID_LABEL_KEY: f"!in({','.join(nodes)})"} if nodes else None
 
 
 class ControllerToKeeper(ControllerCallback):
