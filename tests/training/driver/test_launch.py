@@ -120,3 +120,20 @@ def test_a_failure_kept_by_a_survivor_frees_what_its_frames_held_and_keeps_its_l
     gc.collect()
     assert held() is None  # nothing of the generation stays alive through the error
     assert kept.__cause__ is not None and "step(group)" in "".join(traceback.format_exception(kept))
+
+
+
+@pytest.mark.parametrize(("record", "warning"), [
+    (lambda attempts: launch._record_driver_end(attempts, endings.STOPPED, "Ctrl-C"), "how this driver ended"),
+    (launch._record_restarted, "how the attempt ended")])
+def test_a_driver_that_cannot_record_an_ending_says_so_in_one_warning_and_goes_on(tmp_path, monkeypatch, caplog,
+                                                                                 record, warning):
+    """Storage may be what failed: the error the user sees stays the run's own."""
+    def unreachable(*args):
+        raise OSError("S3 unreachable")
+
+    monkeypatch.setattr(launch, "_newest_attempt", lambda attempts: "a")
+    monkeypatch.setattr(launch.endings, "record", unreachable)
+    record(resolve(str(tmp_path)))
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"could not record {warning}: S3 unreachable"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import socket
 
 import pytest
 from ray.train import ScalingConfig
@@ -10,7 +11,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 from spotray.config import ScalingSection
 from spotray.driver import placement, progress
-from spotray.driver.placement import Placement, group_fits, worker_group_placement, workers_that_fit
+from spotray.driver.placement import Placement, answering_fit, group_fits, worker_group_placement, workers_that_fit
 from spotray.storage import resolve
 from tests.console import line_kind
 
@@ -23,16 +24,42 @@ def test_a_workers_resources_are_what_ray_train_reserves_for_it(use_gpu, resourc
     assert ours == ray_train._resources_per_worker_not_none
 
 
-def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_preempted(monkeypatch):
+@pytest.fixture
+def raylet_ports():
+    """A port that takes connections (a raylet that answers) and one that refuses them (a killed node's)."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        with socket.create_server(("127.0.0.1", 0)) as closed:
+            refusing = closed.getsockname()[1]
+        yield listening.getsockname()[1], refusing
+
+
+def node(node_id: str, resources: dict, port: int, alive: bool = True) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources, "NodeManagerAddress": "127.0.0.1",
+            "NodeManagerPort": port}
+
+
+def test_the_worker_group_fits_elsewhere_only_on_alive_nodes_that_are_not_being_preempted(monkeypatch, raylet_ports):
+    answers, _ = raylet_ports
     scaling = ScalingSection(num_workers=2)  # of 1 CPU each
-    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"memory": 1e9}},
-             {"NodeID": "draining", "Alive": True, "Resources": {"CPU": 1.0}},
-             {"NodeID": "survivor", "Alive": True, "Resources": {"CPU": 1.0}},
-             {"NodeID": "gone", "Alive": False, "Resources": {"CPU": 4.0}}]
+    nodes = [node("head", {"memory": 1e9}, answers), node("draining", {"CPU": 1.0}, answers),
+             node("survivor", {"CPU": 1.0}, answers), node("gone", {"CPU": 4.0}, answers, alive=False)]
     monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
     assert not group_fits(scaling, excluding={"draining"})
-    nodes.append({"NodeID": "replacement", "Alive": True, "Resources": {"CPU": 1.0}})
+    nodes.append(node("replacement", {"CPU": 1.0}, answers))
     assert group_fits(scaling, excluding={"draining"})
+
+
+def test_a_node_ray_still_lists_as_alive_but_whose_raylet_refuses_holds_no_worker(monkeypatch, raylet_ports):
+    answers, refuses = raylet_ports
+    scaling = ScalingSection(num_workers=3)  # of 1 CPU each
+    nodes = [node("survivor", {"CPU": 1.0}, answers), node("killed", {"CPU": 2.0}, refuses)]
+    monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
+    assert workers_that_fit(scaling, excluding=()) == 3  # Ray's list alone: the killed node for 15 s more
+    assert not group_fits(scaling, excluding=())  # a small fit would end to grow, then wait for the killed node
+    assert answering_fit(scaling) == (1, ("killed",))
+    nodes.append(node("replacement", {"CPU": 2.0}, answers))
+    assert group_fits(scaling, excluding=())
+    assert answering_fit(scaling, excluding={"replacement"}) == (1, ("killed",))
 
 
 def test_the_workers_that_fit_count_each_alive_nodes_whole_workers_but_the_lost_ones_up_to_the_group(monkeypatch):

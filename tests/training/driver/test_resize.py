@@ -13,7 +13,7 @@ from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from spotray.config import ScalingSection
-from spotray.driver import resize
+from spotray.driver import placement, resize
 from spotray.driver.resize import ShrinkOnLoss
 
 FAILED = RestartingState(WorkerGroupError("rank 0: gloo: Connection reset by peer", {}))
@@ -34,17 +34,22 @@ def restart(callback: ShrinkOnLoss, state=FAILED) -> int:
     return decision.num_workers
 
 
-def node_c_lost(monkeypatch, fit: int) -> list[list[str]]:
-    """node-c's raylet does not answer, and ``fit`` workers fit on the other nodes; the node lists asked about."""
+def node_c_unreachable(monkeypatch, module) -> list[list[str]]:
+    """node-c's raylet does not answer ``module``'s probe; the node lists asked about."""
     asked: list[list[str]] = []
 
     def unreachable(nodes) -> tuple[str, ...]:
         asked.append(sorted(nodes))
         return ("node-c",)
 
-    monkeypatch.setattr(resize, "unreachable_nodes", unreachable)
-    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
+    monkeypatch.setattr(module, "unreachable_nodes", unreachable)
     return asked
+
+
+def node_c_lost(monkeypatch, fit: int) -> list[list[str]]:
+    """node-c's raylet does not answer, and ``fit`` workers fit on the other nodes; the node lists asked about."""
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
+    return node_c_unreachable(monkeypatch, resize)
 
 
 @pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])
@@ -120,16 +125,18 @@ def test_a_slow_answer_from_the_keeper_does_not_stop_the_end_of_a_run_that_waits
     assert killed == ["controller"] and ender.ended
 
 
-@pytest.mark.parametrize(("fit", "size"), [(3, 3), (2, 2), (1, 4)])
+@pytest.mark.parametrize(("node_a_cpus", "size"), [(2, 3), (1, 2), (0, 4)])
 def test_a_new_fit_after_lost_nodes_starts_with_the_workers_that_fit_down_to_min_workers_and_keeps_off_them(
-        monkeypatch, fit, size):
-    """1 fit: too few, the new fit waits for capacity for the whole group."""
-    nodes = [{"NodeID": "node-a", "Alive": True}, {"NodeID": "node-b", "Alive": True},
-             {"NodeID": "node-c", "Alive": True}, {"NodeID": "node-d", "Alive": False}]
-    monkeypatch.setattr(resize.ray, "nodes", lambda: nodes)
-    asked = node_c_lost(monkeypatch, fit)
+        monkeypatch, node_a_cpus, size):
+    """1 fits: too few, the new fit waits for capacity for the whole group."""
+    nodes = [{"NodeID": "node-a", "Alive": True, "Resources": {"CPU": node_a_cpus}},
+             {"NodeID": "node-b", "Alive": True, "Resources": {"CPU": 1}},
+             {"NodeID": "node-c", "Alive": True, "Resources": {"CPU": 4}},  # Ray lists it as alive for 15 s more
+             {"NodeID": "node-d", "Alive": False, "Resources": {"CPU": 4}}]
+    monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
+    asked = node_c_unreachable(monkeypatch, placement)
     assert resize.restart_size(SHRINKS) == (size, ("node-c",))
-    assert asked == [["node-a", "node-b", "node-c"]]  # Ray may list a killed node as alive for 15 s more
+    assert asked == [["node-a", "node-b", "node-c"]]
     assert resize.KeepOff(("node-c",)).on_controller_start_worker_group(scaling_config=None, num_workers=size) == {
         "ray.io/node-id": "!in(node-c)"}
     assert resize.KeepOff(()).on_controller_start_worker_group(scaling_config=None, num_workers=size) is None

@@ -319,20 +319,24 @@ def _remove_snapshots(root: Location) -> None:
 
 
 def _record_restarted(attempts: Location) -> None:
-    """The newest attempt's ending, where no node loss is on record for it; best effort, as ``_record_driver_end``."""
-    try:
+    """The newest attempt's ending, where no node loss is on record for it."""
+    with _best_effort("how the attempt ended"):
         if newest := _newest_attempt(attempts):
             endings.record(attempts, newest, endings.RESTARTED, endings.DESCRIPTIONS[endings.RESTARTED])
-    except (SpotrayError, OSError) as exc:
-        log.warning("could not record how the attempt ended: %s", exc)
 
 
 def _record_driver_end(attempts: Location, kind: str | None, reason: str) -> None:
-    """Best effort: storage may be what failed, and the error the user sees must stay the run's own."""
-    try:
+    with _best_effort("how this driver ended"):
         endings.driver_ended(attempts, _newest_attempt(attempts), kind, reason)
+
+
+@contextlib.contextmanager
+def _best_effort(record: str) -> Iterator[None]:
+    """Storage may be what failed, and the error the user sees must stay the run's own."""
+    try:
+        yield
     except (SpotrayError, OSError) as exc:
-        log.warning("could not record how this driver ended: %s", exc)
+        log.warning("could not record %s: %s", record, exc)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """What the Ray cluster can hold: whether Ray has placed the worker group and what it waits for while it has not (a
 spot pool provisioning a node leaves the run with nothing to show for minutes, and the console says why), whether
-the group fits on nodes other than those being preempted, and how many workers fit on nodes other than lost ones."""
+the group fits on nodes other than those being preempted, and how many workers fit on nodes other than lost ones
+(Ray lists a killed node as alive for about 15 s: a node counts only while its raylet answers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import ray
 
 from spotray.config import ScalingSection
+from spotray.ray_nodes import unreachable_nodes
 
 _WAITING = {"PENDING", "RESCHEDULING"}
 
@@ -48,8 +50,18 @@ def _waiting_for(scaling: ScalingSection) -> str:
 
 
 def group_fits(scaling: ScalingSection, excluding: Collection[str]) -> bool:
-    """Whether the alive nodes but ``excluding`` hold the whole worker group."""
-    return workers_that_fit(scaling, excluding) >= scaling.num_workers
+    """Whether the nodes that answer, but ``excluding``, hold the whole worker group (asked only where Ray's list
+    says they do: a group that counted a lost node would wait for it)."""
+    return (workers_that_fit(scaling, excluding) >= scaling.num_workers
+            and answering_fit(scaling, excluding)[0] >= scaling.num_workers)
+
+
+def answering_fit(scaling: ScalingSection, excluding: Collection[str] = ()) -> tuple[int, tuple[str, ...]]:
+    """How many workers the nodes that answer, but ``excluding``, hold, and the nodes Ray lists as alive that do
+    not answer."""
+    lost = unreachable_nodes([node["NodeID"] for node in ray.nodes()
+                              if node["Alive"] and node["NodeID"] not in excluding])
+    return workers_that_fit(scaling, {*excluding, *lost}), lost
 
 
 def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int:

@@ -24,7 +24,7 @@ from ray.train.v2._internal.execution.controller.state import RestartingState
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 
 from spotray.config import ScalingSection
-from spotray.driver.placement import workers_that_fit
+from spotray.driver.placement import answering_fit, workers_that_fit
 from spotray.ray_nodes import unreachable_nodes
 from spotray.survivors.keeper import find_keeper
 
@@ -68,8 +68,7 @@ class ShrinkOnLoss(ControllerCallback, WorkerGroupCallback):
 def restart_size(scaling: ScalingSection) -> tuple[int, tuple[str, ...]]:
     """The size of a new fit after nodes were lost, and the lost nodes to keep it off: the workers that fit on the
     nodes left, where they are at least ``min_workers``, else the whole group (which waits for capacity)."""
-    lost = unreachable_nodes([node["NodeID"] for node in ray.nodes() if node["Alive"]])
-    fit = workers_that_fit(scaling, excluding=lost)
+    fit, lost = answering_fit(scaling)
     return (fit if fit >= scaling.fewest_workers else scaling.num_workers), lost
 
 
