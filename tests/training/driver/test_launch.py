@@ -122,7 +122,6 @@ def test_a_failure_kept_by_a_survivor_frees_what_its_frames_held_and_keeps_its_l
     assert kept.__cause__ is not None and "step(group)" in "".join(traceback.format_exception(kept))
 
 
-
 @pytest.mark.parametrize(("record", "warning"), [
     (lambda attempts: launch._record_driver_end(attempts, endings.STOPPED, "Ctrl-C"), "how this driver ended"),
     (launch._record_restarted, "how the attempt ended")])
