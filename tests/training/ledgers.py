@@ -7,11 +7,12 @@ import json
 from spotray.accounts import goodput, ledger
 
 
-def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict, world_size: int = 2) -> None:
+def write_attempt(root, attempt_id: str, from_step: int, last_step: int, status: dict, world_size: int = 2,
+                  configured_workers: int = 0) -> None:
     """Attempt ``attempt_id`` trained steps ``from_step+1 .. last_step`` (loss 10/step, 1 s each) on ``world_size``
-    workers; its status.json holds ``status`` as given."""
+    workers of ``configured_workers``; its status.json holds ``status`` as given."""
     info = ledger.AttemptInfo(attempt_id, from_step, world_size=world_size, per_rank_batch=8 // world_size,
-                              started_at=status["entered_at"])
+                              started_at=status["entered_at"], configured_workers=configured_workers)
     ledger.write_attempt(root, info)
     writer = ledger.RecordWriter()
     losses = ledger.LossLog(root, attempt_id, writer)

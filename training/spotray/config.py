@@ -147,7 +147,8 @@ class TrainSection:
 class ScalingSection:
     """``min_workers``: the fewest workers a run goes on with when nodes are lost; unset: ``num_workers``, and a lost
     node is waited for. A smaller run grows back at a committed step once more workers have fit, at every look, for
-    ``grow_after_s`` (over gloo: a replacement worker waits at the keeper; over NCCL: the whole group fits)."""
+    ``grow_after_s`` (over gloo: a replacement worker waits at the keeper, or the cluster holds more workers than a
+    fit the driver started small has; over NCCL: the whole group fits)."""
 
     num_workers: int = 2
     use_gpu: bool = False
@@ -162,7 +163,7 @@ class ScalingSection:
             f"must be a count from 1 to scaling.num_workers={self.num_workers}, got {self.min_workers!r}",
             "leave it unset to wait for a lost node instead of going on with fewer workers")
         _require(self.grow_after_s >= 0, "scaling.grow_after_s", f"must be >= 0, got {self.grow_after_s}",
-                 "seconds the whole group must have fit before a smaller run grows back, e.g. 30")
+                 "seconds more workers must have fit before a smaller run grows, e.g. 30")
         for key, value in self.resources_per_worker.items():
             _require(isinstance(value, (int, float)) and value >= 0, f"scaling.resources_per_worker.{key}",
                      f"must be a non-negative number, got {value!r}")

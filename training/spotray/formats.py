@@ -1,4 +1,4 @@
-"""How spotray writes figures in the lines it prints: durations and steps."""
+"""How spotray writes figures in the lines it prints: durations, steps and worker counts."""
 
 
 def clock(seconds: float) -> str:
@@ -9,3 +9,8 @@ def clock(seconds: float) -> str:
 def step_of(step: int, total: int | None) -> str:
     """``12/40``, or ``12`` for a script that did not say how many steps it trains."""
     return f"{step}/{total}" if total else str(step)
+
+
+def workers(count: int) -> str:
+    """``1 worker``, ``3 workers``."""
+    return f"{count} worker{'' if count == 1 else 's'}"

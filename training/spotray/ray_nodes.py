@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import ray
@@ -22,20 +22,23 @@ def drain_deadline(deadline_ms: int) -> float:
 
 
 def unreachable_nodes(node_ids: Collection[str], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
-    """The nodes among ``node_ids`` that are gone: marked dead by Ray, or whose raylet does not take a connection
-    (a killed node's port refuses at once, a vanished machine's does not answer)."""
+    """The nodes among ``node_ids`` that are gone: marked dead by Ray, or whose raylet does not take a connection."""
     table = {node["NodeID"]: node for node in ray.nodes()}
+    ids = sorted(set(node_ids))
+    silent = set(silent_nodes([table[i] for i in ids if i in table and table[i]["Alive"]], timeout_s))
+    return tuple(i for i in ids if i not in table or not table[i]["Alive"] or i in silent)
 
-    def gone(node_id: str) -> bool:
-        node = table.get(node_id)
-        if node is None or not node["Alive"]:
-            return True
+
+def silent_nodes(nodes: Sequence[dict], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[str, ...]:
+    """The IDs of ``nodes`` (as ``ray.nodes()`` lists them) whose raylet does not take a connection: a killed node's
+    port refuses at once, a vanished machine's does not answer."""
+
+    def silent(node: dict) -> bool:
         try:
             with socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=timeout_s):
                 return False
         except OSError:
             return True
 
-    ids = sorted(set(node_ids))
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ids)))) as pool:
-        return tuple(node for node, lost in zip(ids, pool.map(gone, ids), strict=True) if lost)
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(nodes)))) as pool:
+        return tuple(node["NodeID"] for node, quiet in zip(nodes, pool.map(silent, nodes), strict=True) if quiet)

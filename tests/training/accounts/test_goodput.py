@@ -149,7 +149,9 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     ]
 
 
-def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interruption(tmp_path):
+@pytest.mark.parametrize(("grown_to", "why"), [(4, "capacity for the whole group was back"),
+                                              (3, "room for more workers was back (growing to 4 once all fit)")])
+def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interruption(tmp_path, grown_to, why):
     root = resolve(str(tmp_path / "attempts"))
     stream = io.StringIO()
     monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
@@ -160,7 +162,7 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
                                       "grew": {"step": 90, "at": 1200.0}, "from_snapshot": True}, world_size=2)
     monitor.poll()
     write_attempt(root, "c", 90, 100, {"entered_at": 1204.0, "first_step_at": 1210.0, "last_seen": 1230.0,
-                                       "step": 100}, world_size=4)
+                                       "step": 100}, world_size=grown_to, configured_workers=4)
     monitor.poll()
     monitor.poll()
     lines = [line for line in stream.getvalue().splitlines() if not line.startswith("spotray: step ")]
@@ -170,8 +172,7 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
         "spotray: SHRUNK to 2 workers from step 48 (a snapshot in memory): going on without the lost node's "
         "workers; 10.0s after the interruption, 2 steps lost by the records, at most 3; growing back when capacity "
         "returns",
-        "spotray: GREW to 4 workers from step 90: capacity for the whole group was back; 10.0s from the last step, "
-        "0 steps lost"]
+        f"spotray: GREW to {grown_to} workers from step 90: {why}; 10.0s from the last step, 0 steps lost"]
     account = goodput.account(root)
     assert [(e.kind, e.spot, e.lost_steps_at_most) for e in account.events] == [("kill", True, 3),
                                                                               ("resize", False, 0)]

@@ -12,6 +12,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from spotray.config import ScalingSection
 from spotray.driver import placement, progress
 from spotray.driver.placement import Placement, answering_fit, group_fits, worker_group_placement, workers_that_fit
+from spotray.ray_nodes import silent_nodes
 from spotray.storage import resolve
 from tests.console import line_kind
 
@@ -60,6 +61,32 @@ def test_a_node_ray_still_lists_as_alive_but_whose_raylet_refuses_holds_no_worke
     nodes.append(node("replacement", {"CPU": 2.0}, answers))
     assert group_fits(scaling, excluding=())
     assert answering_fit(scaling, excluding={"replacement"}) == (1, ("killed",))
+
+
+def test_whether_more_workers_fit_reads_rays_list_once_and_asks_the_raylets_only_where_it_says_they_do(
+        monkeypatch, raylet_ports):
+    answers, refuses = raylet_ports
+    scaling = ScalingSection(num_workers=4, min_workers=1)  # a fit of 1 asks whether 2 fit
+    nodes = [node("survivor", {"CPU": 1.0}, answers)]
+    reads, probed = [], []
+
+    def listed() -> list[dict]:
+        reads.append(len(nodes))
+        return nodes
+
+    def probe(asked: list[dict]) -> tuple[str, ...]:
+        probed.append([n["NodeID"] for n in asked])
+        return silent_nodes(asked)
+
+    monkeypatch.setattr(placement.ray, "nodes", listed)
+    monkeypatch.setattr(placement, "silent_nodes", probe)
+    assert not placement.holds(scaling, 2) and not probed  # too few listed: no raylet is asked
+    nodes.append(node("killed", {"CPU": 1.0}, refuses))  # Ray lists it as alive for 15 s more
+    assert not placement.holds(scaling, 2)
+    nodes.append(node("joined", {"CPU": 1.0}, answers))
+    assert placement.holds(scaling, 2) and not placement.holds(scaling, 3)
+    assert reads == [1, 2, 3, 3] and probed == [["survivor", "killed"]] + [["survivor", "killed", "joined"]] * 2
+    assert not placement.holds(scaling, 5)  # never more than the group
 
 
 def test_the_workers_that_fit_count_each_alive_nodes_whole_workers_but_the_lost_ones_up_to_the_group(monkeypatch):

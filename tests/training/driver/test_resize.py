@@ -34,22 +34,17 @@ def restart(callback: ShrinkOnLoss, state=FAILED) -> int:
     return decision.num_workers
 
 
-def node_c_unreachable(monkeypatch, module) -> list[list[str]]:
-    """node-c's raylet does not answer ``module``'s probe; the node lists asked about."""
+def node_c_lost(monkeypatch, fit: int) -> list[list[str]]:
+    """node-c's raylet does not answer, and ``fit`` workers fit on the other nodes; the node lists asked about."""
+    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
     asked: list[list[str]] = []
 
     def unreachable(nodes) -> tuple[str, ...]:
         asked.append(sorted(nodes))
         return ("node-c",)
 
-    monkeypatch.setattr(module, "unreachable_nodes", unreachable)
+    monkeypatch.setattr(resize, "unreachable_nodes", unreachable)
     return asked
-
-
-def node_c_lost(monkeypatch, fit: int) -> list[list[str]]:
-    """node-c's raylet does not answer, and ``fit`` workers fit on the other nodes; the node lists asked about."""
-    monkeypatch.setattr(resize, "workers_that_fit", lambda scaling, excluding: fit if excluding == ("node-c",) else 0)
-    return node_c_unreachable(monkeypatch, resize)
 
 
 @pytest.mark.parametrize(("fit", "restart_with"), [(3, 3), (2, 2), (4, 4), (1, 4)])
@@ -134,7 +129,13 @@ def test_a_new_fit_after_lost_nodes_starts_with_the_workers_that_fit_down_to_min
              {"NodeID": "node-c", "Alive": True, "Resources": {"CPU": 4}},  # Ray lists it as alive for 15 s more
              {"NodeID": "node-d", "Alive": False, "Resources": {"CPU": 4}}]
     monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
-    asked = node_c_unreachable(monkeypatch, placement)
+    asked: list[list[str]] = []
+
+    def silent(nodes: list[dict]) -> tuple[str, ...]:
+        asked.append([node["NodeID"] for node in nodes])
+        return ("node-c",)
+
+    monkeypatch.setattr(placement, "silent_nodes", silent)
     assert resize.restart_size(SHRINKS) == (size, ("node-c",))
     assert asked == [["node-a", "node-b", "node-c"]]
     assert resize.KeepOff(("node-c",)).on_controller_start_worker_group(scaling_config=None, num_workers=size) == {

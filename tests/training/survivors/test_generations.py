@@ -58,6 +58,17 @@ def test_a_newcomer_waits_until_the_members_ask_then_joins_after_them():
     assert rule.ask("d", 0, False, now=5.2) == Seat(3, 2, 3) and not rule.newcomers_wait()
 
 
+def test_members_that_ended_their_generation_to_grow_form_it_again_where_nothing_changed_since():
+    """The newcomer they ended it for went silent, or a fit that was to end did not: they never wait for nothing."""
+    rule = first_generation()
+    rule.ask("d", 0, False, now=4.0)
+    rule.lose("d")
+    assert rule.ask("a", 1, False, now=5.0) == WAIT  # b and c have not asked yet
+    rule.ask("b", 1, False, now=5.1)
+    assert rule.ask("c", 1, False, now=5.2) == Seat(2, 2, 3)
+    assert rule.ask("a", 1, False, now=5.3) == Seat(2, 0, 3)
+
+
 def test_a_member_on_a_draining_node_leaves_for_good_and_the_others_go_on():
     rule = first_generation()
     rule.leave("c")

@@ -78,7 +78,7 @@ class Fault:
 
 
 FROM_THE_FAULT = (Fault("notice", 0.0), Fault("kill", 0.0))  # a replacement at once: timed from the fault
-_RESUMED_LINE = re.compile(r"^spotray: (?:RESUMED|SHRUNK to \d+ workers) from step (\d+)", re.MULTILINE)
+_RESUMED_LINE = re.compile(r"^spotray: (?:RESUMED|SHRUNK to \d+ workers?) from step (\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)

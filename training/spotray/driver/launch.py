@@ -29,12 +29,12 @@ from spotray.accounts import cost, endings, goodput, ledger
 from spotray.accounts.node_records import NodeRecorder
 from spotray.accounts.prices import price_book, read_prices_file
 from spotray.checkpoints.dcp import best_checkpoint, checkpoints_root, kept_interval, list_committed
-from spotray.config import TrainConfig, from_dict
+from spotray.config import ScalingSection, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
 from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent, verdict
 from spotray.driver.head_watch import HeadWatch
 from spotray.driver.node_watch import NodeWatch
-from spotray.driver.placement import group_fits, resources_text, worker_group_placement
+from spotray.driver.placement import group_fits, holds, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
 from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, KeepOff, ShrinkOnLoss, restart_size
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 RAY_TRAIN_POLLS_S = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 HEAD_LOST = (endings.HEAD_LOST, "the Ray head stopped answering the driver")
 MOVED = "moved"  # an attempt that ended on a notice, to be started again on other capacity
-GROWN = "grown"  # a fit below scaling.num_workers that ended at a committed step, to be started again whole
+GROWN = "grown"  # a fit below scaling.num_workers that ended at a committed step, to be started with more workers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,20 +104,20 @@ def _train_in_generations(cfg: TrainConfig) -> None:
     """The survivors' worker (``spotray.survivors``): ``train`` once per generation in this process, each attempt
     restoring the newest state (its node's snapshot) at the generation's size. A failure goes on in the next
     generation where a member was lost, and is raised as before where none was. A fit the driver started below
-    ``scaling.num_workers`` ends itself once the whole group fits, for the driver to start it whole."""
+    ``scaling.num_workers`` ends itself once the cluster holds more workers than it has, for the driver to start
+    one with the workers that fit then."""
     member = Member(run_root(cfg).url)
-    small_fit = ray.train.get_context().get_world_size() < cfg.scaling.num_workers
+    fit_size = ray.train.get_context().get_world_size()
+    small_fit = fit_size < cfg.scaling.num_workers
     after_failure, failure = False, None
     try:
         while isinstance(seat := member.join(after_failure), Seat):
             try:
-                result = train(cfg, _generation_env(cfg, member, seat, small_fit))
+                result = train(cfg, _generation_env(cfg, member, seat, fit_size))
             except GrowingBack:
-                if small_fit:  # for the driver to start the whole group; a newcomer waiting at the keeper returns
-                    if seat.rank == 0:
-                        member.finish()
-                    return
-                after_failure = False
+                if small_fit and seat.rank == 0 and holds(cfg.scaling, fit_size + 1):
+                    member.finish()  # every worker, a newcomer waiting at the keeper too, returns: the fit ends
+                after_failure = False  # else a newcomer joins the next generation
                 continue
             except Exception as exc:  # not SystemExit/KeyboardInterrupt: that is Ray stopping the worker
                 after_failure, failure = True, _without_locals(exc)
@@ -146,13 +146,18 @@ def _without_locals(exc: BaseException) -> BaseException:
     return exc
 
 
-def _generation_env(cfg: TrainConfig, member: Member, seat: Seat, small_fit: bool) -> WorkerEnv:
-    """A generation grows back with the newcomers Ray started in place of lost workers; a small fit's once the whole
-    group fits on the cluster."""
+def _generation_env(cfg: TrainConfig, member: Member, seat: Seat, fit_size: int) -> WorkerEnv:
+    """A generation grows back with the newcomers Ray started in place of lost workers; in a fit smaller than
+    ``scaling.num_workers``, also once the cluster holds more workers than the fit has."""
     snapshots = snapshot_root(run_root(cfg).url, cfg.snapshot.max_bytes) if cfg.snapshot.enabled else None
-    grows = functools.partial(group_fits, cfg.scaling, ()) if small_fit else member.newcomers_wait
+    grows = (functools.partial(_room_for_more, member, cfg.scaling, fit_size) if fit_size < cfg.scaling.num_workers
+             else member.newcomers_wait)
     return WorkerEnv(seat.rank, seat.world_size, ray.train.torch.get_device(), _no_report,
                      functools.partial(member.drain_deadline, seat.rank), member.others_suffice, snapshots, grows)
+
+
+def _room_for_more(member: Member, scaling: ScalingSection, fit_size: int) -> bool:
+    return member.newcomers_wait() or holds(scaling, fit_size + 1)
 
 
 def _no_report(metrics: dict) -> None:
@@ -262,8 +267,8 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
-    other capacity), after a fit below the whole group ended to grow back, or where Ray Train failed to replace the
-    survivors' lost workers (then with the workers that fit). Within a fit, Ray Train restarts the workers (also to
+    other capacity), after a fit below the whole group ended to grow, or where Ray Train failed to replace the
+    survivors' lost workers (these two with the workers that fit). Within a fit, Ray Train restarts the workers (also to
     grow back to the whole group), ``FailureBudget`` keeps the budgets and ``ShrinkOnLoss`` sizes the restarts."""
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
@@ -287,7 +292,7 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
         if ended == MOVED and (why := preemptions_spent(cfg.fault_tolerance, cfg.run.name,
                                                         charges(attempts, budget.since, 0))):
             raise TrainingFailed(why)
-        start = whole
+        start = Start(*restart_size(cfg.scaling)) if ended == GROWN else whole
 
 
 def _of(start: Start, whole: Start) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import ray
 
 from spotray.config import ScalingSection
-from spotray.ray_nodes import unreachable_nodes
+from spotray.ray_nodes import silent_nodes
 
 _WAITING = {"PENDING", "RESCHEDULING"}
 
@@ -43,38 +43,50 @@ def _waiting_for(scaling: ScalingSection) -> str:
     free = ray.available_resources()
     line = (f"{scaling.num_workers} workers of {resources_text(bundle)} each; the cluster has "
             f"{resources_text({name: free.get(name, 0.0) for name in bundle})} free")
-    if not any(_holds(node, bundle) for node in _node_resources()):
+    if not any(_holds(node["Resources"], bundle) for node in _alive_nodes()):
         line += (" and no node big enough for one worker (an autoscaler must add one, or lower "
                  "scaling.resources_per_worker)")
     return line
 
 
 def group_fits(scaling: ScalingSection, excluding: Collection[str]) -> bool:
-    """Whether the nodes that answer, but ``excluding``, hold the whole worker group (asked only where Ray's list
-    says they do: a group that counted a lost node would wait for it)."""
-    return (workers_that_fit(scaling, excluding) >= scaling.num_workers
-            and answering_fit(scaling, excluding)[0] >= scaling.num_workers)
+    """Whether the nodes that answer, but ``excluding``, hold the whole worker group."""
+    return holds(scaling, scaling.num_workers, excluding)
+
+
+def holds(scaling: ScalingSection, workers: int, excluding: Collection[str] = ()) -> bool:
+    """Whether the nodes that answer, but ``excluding``, hold ``workers`` workers. Their raylets are asked only
+    where Ray's list says the nodes do (a group that counted a lost node would wait for it)."""
+    nodes = _alive_nodes(excluding)
+    if _fit(scaling, nodes) < workers:
+        return False
+    silent = set(silent_nodes(nodes))
+    return _fit(scaling, [node for node in nodes if node["NodeID"] not in silent]) >= workers
 
 
 def answering_fit(scaling: ScalingSection, excluding: Collection[str] = ()) -> tuple[int, tuple[str, ...]]:
     """How many workers the nodes that answer, but ``excluding``, hold, and the nodes Ray lists as alive that do
     not answer."""
-    lost = unreachable_nodes([node["NodeID"] for node in ray.nodes()
-                              if node["Alive"] and node["NodeID"] not in excluding])
-    return workers_that_fit(scaling, {*excluding, *lost}), lost
+    nodes = _alive_nodes(excluding)
+    silent = silent_nodes(nodes)
+    return _fit(scaling, [node for node in nodes if node["NodeID"] not in silent]), silent
 
 
 def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int:
     """How many workers the alive nodes but ``excluding`` hold (their totals: a failed group's share on them frees
     up as it ends), at most ``num_workers``."""
+    return _fit(scaling, _alive_nodes(excluding))
+
+
+def _fit(scaling: ScalingSection, nodes: list[dict]) -> int:
     bundle = scaling.worker_resources
-    return min(scaling.num_workers, sum(min(int(node.get(name, 0.0) // amount) for name, amount in bundle.items())
-                                        for node in _node_resources(excluding)))
+    return min(scaling.num_workers, sum(min(int(node["Resources"].get(name, 0.0) // amount)
+                                            for name, amount in bundle.items()) for node in nodes))
 
 
-def _node_resources(excluding: Collection[str] = ()) -> list[dict]:
-    """Each alive node's total resources, but for the node IDs in ``excluding``."""
-    return [node["Resources"] for node in ray.nodes() if node["Alive"] and node["NodeID"] not in excluding]
+def _alive_nodes(excluding: Collection[str] = ()) -> list[dict]:
+    """Each alive node as ``ray.nodes()`` lists it, but for the node IDs in ``excluding``."""
+    return [node for node in ray.nodes() if node["Alive"] and node["NodeID"] not in excluding]
 
 
 def _holds(resources: dict, needed: dict) -> bool:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from spotray.accounts import endings, goodput, ledger
 from spotray.errors import SpotrayError
-from spotray.formats import clock, step_of
+from spotray.formats import clock, step_of, workers
 from spotray.storage import Location
 
 if TYPE_CHECKING:
@@ -147,16 +147,16 @@ class ProgressMonitor:
                 or not self._once(cur.attempt_id, "resumed")):
             return
         if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
-            self._event(f"CONTINUING from step {event.resumed_from} on {cur.world_size} workers, {_lost(event)}")
+            self._event(f"CONTINUING from step {event.resumed_from} on {workers(cur.world_size)}, {_lost(event)}")
         elif event.kind == endings.RESIZE:
-            self._event(f"GREW to {cur.world_size} workers from {_resumed(event)}: capacity for the whole "
-                        f"group was back; {event.recovery_s:.1f}s from the last step, {_lost(event)}")
+            self._event(f"GREW to {workers(cur.world_size)} from {_resumed(event)}: {_room(cur)}; "
+                        f"{event.recovery_s:.1f}s from the last step, {_lost(event)}")
         elif cur.world_size < prev.world_size:
-            self._event(f"SHRUNK to {cur.world_size} workers from {_resumed(event)}: going on without the lost "
+            self._event(f"SHRUNK to {workers(cur.world_size)} from {_resumed(event)}: going on without the lost "
                         f"node's workers; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
                         "growing back when capacity returns")
         else:
-            self._event(f"RESUMED from {_resumed(event)} on {cur.world_size} workers, "
+            self._event(f"RESUMED from {_resumed(event)} on {workers(cur.world_size)}, "
                         f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
 
     def _capacity(self) -> None:
@@ -225,6 +225,12 @@ def _ending_line(event: goodput.Event) -> str | None:
 
 def _resumed(event: goodput.Event) -> str:
     return goodput.resumed_point(event.resumed_from, event.from_snapshot)
+
+
+def _room(grown: ledger.AttemptInfo) -> str:
+    if grown.world_size < grown.configured_workers:
+        return f"room for more workers was back (growing to {grown.configured_workers} once all fit)"
+    return "capacity for the whole group was back"
 
 
 def _lost(event: goodput.Event) -> str:

@@ -3,7 +3,9 @@
 - A group from nothing (the first, or after every member was lost) forms once ``num_workers`` workers ask, or once
   the first of at least ``min_workers`` has waited ``settle_s``.
 - A later generation forms once every live member of the current one that is not leaving has asked, and something
-  changed: a member was lost or is leaving, or a newcomer waits. It is never smaller than ``min_workers``.
+  changed (a member was lost or is leaving, or a newcomer waits) or none of them asked after a failure (they ended
+  their generation to grow, and the newcomer went silent since, or the fit did not end). It is never smaller than
+  ``min_workers``.
 - The members keep their order; newcomers come after them, first come first, up to ``num_workers``.
 - A member on a draining node leaves for good; a newcomer that went silent while it waited is forgotten.
 - A member that asks after a failure while no member was lost or is leaving hears so after ``nothing_lost_s``: the
@@ -100,7 +102,8 @@ class Generations:
             waited = max((now - self.asking[m].since for m in newcomers), default=0.0)
             if len(newcomers) < self.num_workers and (len(newcomers) < self.min_workers or waited < self.settle_s):
                 return
-        elif not self._changed() or any(m not in self.asking for m in staying):
+        elif (any(m not in self.asking for m in staying)
+              or not self._changed() and any(self.asking[m].after_failure for m in staying)):
             return
         members = staying + newcomers[:self.num_workers - len(staying)]
         if len(members) < self.min_workers:

@@ -509,8 +509,7 @@ class _StepLoop:
             return
         self.telemetry.grew(step, time.time())
         if self.env.rank == 0:
-            log.info("capacity for all %d workers is back: step %d is committed, restarting with them",
-                     self.cfg.scaling.num_workers, step)
+            log.info("room for more workers: step %d is committed, going on with them", step)
         raise GrowingBack(step)
 
     def _mean_step_s(self) -> float:

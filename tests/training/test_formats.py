@@ -1,0 +1,9 @@
+"""How the printed lines write counts."""
+
+from __future__ import annotations
+
+from spotray.formats import workers
+
+
+def test_a_worker_count_takes_the_plural_only_where_it_is_not_one():
+    assert [workers(n) for n in (1, 2, 0)] == ["1 worker", "2 workers", "0 workers"]
