@@ -58,16 +58,16 @@ def holds(scaling: ScalingSection, workers: int, excluding: Collection[str] = ()
     """Whether the nodes that answer, but ``excluding``, hold ``workers`` workers. Their raylets are asked only
     where Ray's list says the nodes do (a group that counted a lost node would wait for it)."""
     nodes = _alive_nodes(excluding)
-    if _fit(scaling, nodes) < workers:
-        return False
-    silent = set(silent_nodes(nodes))
-    return _fit(scaling, [node for node in nodes if node["NodeID"] not in silent]) >= workers
+    return _fit(scaling, nodes) >= workers and _answering_fit(scaling, nodes)[0] >= workers
 
 
 def answering_fit(scaling: ScalingSection, excluding: Collection[str] = ()) -> tuple[int, tuple[str, ...]]:
     """How many workers the nodes that answer, but ``excluding``, hold, and the nodes Ray lists as alive that do
     not answer."""
-    nodes = _alive_nodes(excluding)
+    return _answering_fit(scaling, _alive_nodes(excluding))
+
+
+def _answering_fit(scaling: ScalingSection, nodes: list[dict]) -> tuple[int, tuple[str, ...]]:
     silent = silent_nodes(nodes)
     return _fit(scaling, [node for node in nodes if node["NodeID"] not in silent]), silent
 
