@@ -75,8 +75,9 @@ $(CHECKOV): | $(STAMP)
 scan: $(STAMP) $(CHECKOV)
 	$(BIN)/python -m pytest tests/cluster/test_scan.py -v
 
-# NCCL DDP/FSDP2 on every GPU, exact resume, bf16 + torch.compile, a Transformers model, and the throughput bench
-# (its JSON, with tokens/s and MFU, goes to $(GPU_RESULTS)/ for BENCHMARKS.md). Fails where CUDA is missing.
+# NCCL DDP/FSDP2 on every GPU, exact resume, bf16 + torch.compile, a Transformers model, and the throughput and
+# compile benches (their JSON, with tokens/s, MFU and compile seconds, goes to $(GPU_RESULTS)/ for BENCHMARKS.md).
+# Fails where CUDA is missing.
 gpu-test: $(STAMP)
 	$(BIN)/python -c 'import torch; assert torch.cuda.is_available(), "no CUDA device: nothing to test"'
 	SPOTRAY_GPU_RESULTS=$(GPU_RESULTS) $(BIN)/python -m pytest -m gpu tests/gpu -v

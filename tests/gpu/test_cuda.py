@@ -9,13 +9,9 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from spotray.drills.process_group import train_on_process_group
 from spotray.driver import launch
-from spotray.ray_local import free_port
-from spotray.worker.attempt import WorkerEnv
-from spotray.worker.loop import train
 from spotray.worker.telemetry import peak_flops
 from tests.gpu.configs import assert_learns, gpu_config, losses
 
@@ -28,26 +24,9 @@ FP32_TOL = 1e-3
 BF16_TOL = 0.1
 
 
-def _train_on_nccl(rank: int, world_size: int, port: int, cfg, out: dict) -> None:
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            device_id=device)
-    try:
-        final = train(cfg, WorkerEnv(rank, world_size, device, lambda metrics: None))
-        if rank == 0:
-            out.update(final)
-    finally:
-        dist.destroy_process_group()
-
-
 def nccl_run(cfg) -> dict:
     """``training.loop.train`` on one process per GPU, without Ray; rank 0's final metrics."""
-    world_size = torch.cuda.device_count()
-    with mp.get_context("spawn").Manager() as manager:  # never a fork of a process that may hold a Ray driver
-        out = manager.dict()
-        mp.spawn(_train_on_nccl, args=(world_size, free_port(), cfg, out), nprocs=world_size)
-        return dict(out)
+    return train_on_process_group(cfg.to_dict(), torch.cuda.device_count())
 
 
 def test_the_device_has_a_known_peak_for_mfu():

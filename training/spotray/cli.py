@@ -257,7 +257,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="throughput, recovery, prepare, goodput, tracking, compile benches: runs per side, "
                         "interleaved; planner bench: drills per count of kills")
     p.add_argument("--gpu", action="store_true",
-                   help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU")
+                   help="throughput bench: one GPU per worker (NCCL, bf16), reporting tokens/s and MFU; compile "
+                        "bench: the ranks on GPUs (NCCL, bf16)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="throughput bench: train on random token ids below this (e.g. 50257, GPT-2's vocabulary) "
+                        "instead of the byte-level text corpus")
     p.add_argument("--size-mb", type=int, default=1024, help="prepare bench: MiB of generated JSONL (default 1024)")
     p.add_argument("--fault", choices=["kill", "notice", "both", "shrink"], default="kill",
                    help="recovery bench: kill (spotray against plain Ray Train, timed from the replacement node), "

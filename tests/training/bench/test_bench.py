@@ -48,12 +48,34 @@ def test_checkpoint_bench_on_s3(ray_address):
 
 
 @pytest.mark.e2e  # a bench command on the session's Ray
-def test_throughput_bench_with_spotrays_snapshots_on(ray_address):
-    result = bench("throughput", "--steps", "3", "--rounds", "1", "--set", "snapshot.every_steps=1",
-                   ray_address=ray_address)
+def test_throughput_bench_with_spotrays_snapshots_on_at_a_vocabulary_of_its_own(ray_address):
+    result = bench("throughput", "--steps", "3", "--rounds", "1", "--set", "snapshot.every_steps=1", "--vocab-size",
+                   "5000", ray_address=ray_address)
     assert len(result["bare_torchrun_step_s"]) == len(result["spotray_ray_step_s"]) == 1
-    assert result["overrides"] == ["snapshot.every_steps=1"]
+    assert result["overrides"] == ["snapshot.every_steps=1"] and result["vocab_size"] == 5000
     assert_ratios(result, "step_time_ratio")
+
+
+@pytest.mark.parametrize(("vocab_size", "dtype"), [(50257, "uint16"), (100_000, "uint32")])
+def test_a_random_token_corpus_is_a_prepared_dataset_of_ids_over_its_whole_vocabulary(tmp_path, vocab_size, dtype):
+    from spotray.bench.common import random_token_corpus
+    from spotray.data.dataset import TokenDataset
+    from spotray.data.prepare import verify
+
+    url = random_token_corpus(str(tmp_path), vocab_size, tokens=1 << 14)
+    assert verify(url)["tokens"] == 1 << 14
+    dataset = TokenDataset.open(url, 127)
+    assert dataset.vocab_size == vocab_size and dataset.index["dtype"] == dtype
+    ids = dataset.batch(list(range(dataset.num_samples)))
+    assert 0 <= int(ids.min()) < vocab_size // 100 and vocab_size * 0.99 < int(ids.max()) < vocab_size
+
+
+@pytest.mark.parametrize("vocab_size", ["1", "0", str((1 << 32) + 1)])
+def test_the_throughput_bench_refuses_a_vocabulary_it_cannot_train_on_before_starting_anything(vocab_size, capsys):
+    from spotray.cli import main
+
+    assert main(["bench", "throughput", "--vocab-size", vocab_size, "--json"]) == 2
+    assert f"--vocab-size {vocab_size}: give a vocabulary of 2 to 2**32 tokens" in capsys.readouterr().err
 
 
 def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
@@ -90,7 +112,7 @@ def test_export_bench():
 @pytest.mark.e2e  # a bench command on the session's Ray
 def test_compile_bench_times_a_replacement_that_takes_its_graphs_from_the_kept_caches():
     result = bench("compile", "--rounds", "1", "--workers", "1")
-    assert result["graphs_from_cache"][0] >= 1
+    assert result["graphs_from_cache"][0] >= 2  # a forward and a backward at least
     assert_ratios(result, "replacement_over_cold", "replacement_over_cold_median")
     assert all(seconds > 0 for seconds in result["cold_s"] + result["replacement_s"])
 

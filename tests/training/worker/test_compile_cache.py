@@ -21,21 +21,23 @@ def kept_caches(root: str) -> list:
     return [folder.child(key, name) for key in folder.list_dir_names() for name in folder.child(key).list_names()]
 
 
-def test_a_restart_takes_its_graphs_from_the_caches_the_first_attempt_kept(dataset_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-first"))
-    first = train_on_process_group(make_config(dataset_url, str(tmp_path), "c", *COMPILED,
-                                               "train.stop_at_step=2").to_dict(), 1)
-    assert first["graphs_from_compile_cache"] == 0
-    (kept,) = kept_caches(str(tmp_path))
-    assert kept.name == "rank-0.bin" and kept.size() > 0
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-replacement"))  # a new node's disk
-    again = train_on_process_group(make_config(dataset_url, str(tmp_path), "c", *COMPILED,
-                                               "train.stop_at_step=4").to_dict(), 1)
-    assert again["final_step"] == 4 and again["graphs_from_compile_cache"] >= 1
-    kept.write_bytes(b"not a cache")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-damaged"))
-    damaged = train_on_process_group(make_config(dataset_url, str(tmp_path), "c", *COMPILED,
-                                                 "train.stop_at_step=6").to_dict(), 1)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_restart_takes_its_graphs_from_the_caches_the_first_attempt_kept(dataset_url, tmp_path, monkeypatch,
+                                                                            workers):
+    def attempt(stop_at: int, inductor_dir: str) -> dict:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / inductor_dir))  # each time a new node's disk
+        return train_on_process_group(make_config(dataset_url, str(tmp_path), "c", *COMPILED,
+                                                  f"scaling.num_workers={workers}",
+                                                  f"train.stop_at_step={stop_at}").to_dict(), workers)
+
+    assert attempt(2, "inductor-first")["graphs_from_compile_cache"] == 0
+    kept = kept_caches(str(tmp_path))
+    assert sorted(c.name for c in kept) == [f"rank-{r}.bin" for r in range(workers)] and all(c.size() for c in kept)
+    again = attempt(4, "inductor-replacement")
+    assert again["final_step"] == 4 and again["graphs_from_compile_cache"] >= 2  # a forward and a backward at least
+    for cache in kept:
+        cache.write_bytes(b"not a cache")
+    damaged = attempt(6, "inductor-damaged")
     assert damaged["final_step"] == 6 and damaged["graphs_from_compile_cache"] == 0
 
 

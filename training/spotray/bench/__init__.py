@@ -58,7 +58,7 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     if which == "compile":
         from spotray.bench.compile import run as run_compile
 
-        return run_compile(preset=args.preset, rounds=args.rounds, workers=args.workers)
+        return run_compile(preset=args.preset, rounds=args.rounds, workers=args.workers, gpu=args.gpu)
     if which == "tracking":
         from spotray.bench.tracking import run as run_tracking
 
@@ -66,7 +66,8 @@ def run_bench(which: str, args: argparse.Namespace) -> dict:
     from spotray.bench.throughput import run as run_throughput
 
     return run_throughput(steps=args.steps or 20, rounds=args.rounds, preset=args.preset, workers=args.workers,
-                          gpu=args.gpu, hf_config=args.hf_config, overrides=tuple(args.set))
+                          gpu=args.gpu, hf_config=args.hf_config, overrides=tuple(args.set),
+                          vocab_size=_vocab_size(args.vocab_size))
 
 
 def _storages(arg: str) -> list[str]:
@@ -83,6 +84,12 @@ def _gap(args: argparse.Namespace) -> dict:
     if args.capacity_gap < 0:
         raise SpotrayError(f"--capacity-gap {args.capacity_gap:g}: give 0 or more seconds")
     return {"capacity_gap_s": args.capacity_gap}
+
+
+def _vocab_size(vocab_size: int | None) -> int | None:
+    if vocab_size is not None and not 2 <= vocab_size <= 1 << 32:
+        raise SpotrayError(f"--vocab-size {vocab_size}: give a vocabulary of 2 to 2**32 tokens, e.g. 50257 (GPT-2's)")
+    return vocab_size
 
 
 def _counts(arg: str) -> tuple[int, ...]:

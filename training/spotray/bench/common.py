@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -9,8 +10,10 @@ import sysconfig
 import tempfile
 import time
 
+import numpy as np
 import torch
 
+from spotray.data.index import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab
 from spotray.data.prepare import prepare
 from spotray.storage import Location, resolve
 
@@ -20,6 +23,21 @@ def bench_corpus(workdir: str) -> str:
     url = resolve(workdir).child("data").url
     prepare(f"{sysconfig.get_paths()['stdlib']}/email/**/*.py", url, shard_tokens=1 << 18)
     return url
+
+
+def random_token_corpus(workdir: str, vocab_size: int, tokens: int = 1 << 22) -> str:
+    """Uniformly random token ids below ``vocab_size``, as one prepared shard: a model's step costs the same whatever
+    its tokens say, so a bench can run at a real vocabulary's size (GPT-2's 50,257) with nothing downloaded."""
+    root = resolve(workdir).child("data-random")
+    dtype = dtype_for_vocab(vocab_size)
+    data = np.random.default_rng(0).integers(0, vocab_size, tokens).astype(dtype).tobytes()
+    root.child("shard-00000.bin").write_bytes(data)
+    shard = {"name": "shard-00000.bin", "tokens": tokens, "sha256": hashlib.sha256(data).hexdigest()}
+    root.child(INDEX_NAME).write_text(json.dumps({
+        "format": FORMAT, "version": VERSION, "dtype": dtype, "tokenizer": f"random:{vocab_size}",
+        "vocab_size": vocab_size, "eot_token": vocab_size - 1, "shard_tokens": tokens, "total_tokens": tokens,
+        "num_documents": 1, "tokenizer_file": None, "shards": [shard]}))
+    return root.url
 
 
 def machine() -> dict:

@@ -1,8 +1,9 @@
 """``spotray bench compile``: what ``train.compile``'s kept caches save a replacement worker. Per round, on a bare
-process group (CPU): an attempt compiling from nothing (an empty inductor cache folder, no caches kept with the run)
-and the next attempt of the same run on a new node (another empty inductor cache folder, the caches the first one
-kept); each timed from the attempt's start to the end of its first step. On CPU inductor builds its C++ kernels again
-even from the caches, so the gain there is partial."""
+process group (CPU; ``--gpu``: one GPU a rank, NCCL, bf16): an attempt compiling from nothing (an empty inductor
+cache folder, no caches kept with the run) and the next attempt of the same run on a new node (another empty inductor
+cache folder, the caches the first one kept); each timed from the attempt's start to the end of its first step. On
+CPU inductor builds its C++ kernels again even from the caches, so the gain there is partial; on a GPU the caches
+hold the compiled Triton kernels."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from spotray.worker.attempt import run_root
 INDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def run(preset: str = "small", rounds: int = 2, workers: int = 1) -> dict:
+def run(preset: str = "small", rounds: int = 2, workers: int = 1, gpu: bool = False) -> dict:
     workdir = new_workdir()
-    base = [f"data.path={bench_corpus(workdir)}", f"model.preset={preset}", "train.seq_len=128",
+    base = [f"data.path={bench_corpus(workdir)}", f"model.preset={preset}", f"train.seq_len={1024 if gpu else 128}",
             f"train.global_batch_size={4 * workers}", "train.max_steps=4", "train.compile=true",
-            f"scaling.num_workers={workers}", "checkpoint.every_steps=100"]
+            f"scaling.num_workers={workers}", "checkpoint.every_steps=100",
+            *(["scaling.use_gpu=true", "train.dtype=bfloat16"] if gpu else [])]
     cold, replacement, from_cache = [], [], []
     before = os.environ.get(INDUCTOR_CACHE_DIR)
     try:
@@ -37,7 +39,7 @@ def run(preset: str = "small", rounds: int = 2, workers: int = 1) -> dict:
             os.environ.pop(INDUCTOR_CACHE_DIR, None)
         else:
             os.environ[INDUCTOR_CACHE_DIR] = before
-    return {"machine": machine(), "model": preset, "workers": workers, "rounds": rounds,
+    return {"machine": machine(), "model": preset, "workers": workers, "gpu": gpu, "rounds": rounds,
             "cold_s": cold, "replacement_s": replacement, "graphs_from_cache": from_cache,
             "replacement_over_cold": round(min(replacement) / min(cold), 3),
             "replacement_over_cold_median": round(statistics.median(replacement) / statistics.median(cold), 3)}

@@ -14,7 +14,8 @@ import sys
 import torch
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, new_workdir, random_token_corpus
+from spotray.data.dataset import TokenDataset
 from spotray.driver import launch
 from spotray.errors import SpotrayError
 from spotray.tasks.load import load_task
@@ -89,14 +90,15 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 2, gpu: bool = False,
-        hf_config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
-    """``hf_config``: a Transformers config (a config.json URL, or the JSON itself) to benchmark instead of
+        hf_config: str | None = None, overrides: tuple[str, ...] = (), vocab_size: int | None = None) -> dict:
+    """``vocab_size``: train on random ids below it (GPT-2's 50,257) instead of the byte-level text corpus;
+    ``hf_config``: a Transformers config (a config.json URL, or the JSON itself) to benchmark instead of
     ``preset``; ``overrides``: ``--set`` config overrides, which the bare loop ignores where it has no such feature
     (``snapshot.every_steps``: spotray's snapshots against a loop without them)."""
     if gpu and workers > torch.cuda.device_count():
         raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s)")
     workdir = new_workdir()
-    data_url = bench_corpus(workdir)
+    data_url = random_token_corpus(workdir, vocab_size) if vocab_size else bench_corpus(workdir)
     bare, spotray = [], []
     for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
         cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config, overrides)
@@ -106,6 +108,7 @@ def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 
     return {
         "machine": machine(), "workers": workers, "seq_len": cfg.train.seq_len,
         "model": preset if hf_config is None else _hf_name(cfg),
+        "vocab_size": TokenDataset.open(data_url, cfg.train.seq_len).vocab_size,
         "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
         "overrides": list(overrides),
         "bare_torchrun_step_s": [round(s, 4) for s in bare],

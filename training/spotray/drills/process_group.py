@@ -1,5 +1,5 @@
-"""``loop.train`` on N local processes joined by a gloo process group, without Ray: the loop's guarantees checked
-(and benchmarked) on their own, in seconds a run."""
+"""``loop.train`` on N local processes joined by a process group (gloo on CPUs, NCCL on one GPU a rank), without
+Ray: the loop's guarantees checked (and benchmarked) on their own, in seconds a run."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ PRELOADED = ("torch", "torch.distributed", "spotray.worker.loop")
 
 
 def train_on_process_group(config: dict, world_size: int, timeout_s: float = 600) -> dict:
-    """Train the ``TrainConfig`` dict on ``world_size`` CPU processes; returns rank 0's final metrics."""
-    return run_on_process_group(train_worker, (config,), world_size, timeout_s)
+    """Train the ``TrainConfig`` dict on ``world_size`` processes (GPUs where ``scaling.use_gpu``); returns rank 0's
+    final metrics."""
+    from spotray.config import from_dict
+
+    return run_on_process_group(train_worker, (config,), world_size, timeout_s, from_dict(config).scaling.backend)
 
 
 def train_worker(rank: int, world_size: int, config: dict) -> dict:
@@ -33,18 +36,21 @@ def train_worker(rank: int, world_size: int, config: dict) -> dict:
     from spotray.worker.attempt import WorkerEnv
     from spotray.worker.loop import train
 
-    return train(from_dict(config), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
+    cfg = from_dict(config)
+    device = torch.device("cuda", rank) if cfg.scaling.use_gpu else torch.device("cpu")
+    return train(cfg, WorkerEnv(rank, world_size, device, lambda _: None))
 
 
-def run_on_process_group(fn: Callable, args: tuple, world_size: int, timeout_s: float = 600):
-    """``fn(rank, world_size, *args)`` on every rank of a new gloo group (``fn`` importable by name); rank 0's
-    return value. A rank's error is raised here as ``TrainingFailed`` with its last line."""
+def run_on_process_group(fn: Callable, args: tuple, world_size: int, timeout_s: float = 600, backend: str = "gloo"):
+    """``fn(rank, world_size, *args)`` on every rank of a new ``backend`` group (``fn`` importable by name); rank
+    0's return value. A rank's error is raised here as ``TrainingFailed`` with its last line."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOADED))  # no effect once this process's server runs
     results = context.Queue()
     port = free_port()
     here, call = _Here(dict(os.environ), list(sys.path), os.getcwd()), pickle.dumps((fn, args))
-    workers = [context.Process(target=_worker, args=(here, call, rank, world_size, port, results), daemon=True)
+    workers = [context.Process(target=_worker, args=(here, call, rank, world_size, port, backend, results),
+                               daemon=True)
                for rank in range(world_size)]
     for worker in workers:
         worker.start()
@@ -89,7 +95,7 @@ class _Here:
         os.chdir(self.cwd)
 
 
-def _worker(here: _Here, call: bytes, rank: int, world_size: int, port: int, results) -> None:
+def _worker(here: _Here, call: bytes, rank: int, world_size: int, port: int, backend: str, results) -> None:
     here.enter()
     fn, args = pickle.loads(call)  # on the caller's import path
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -98,7 +104,10 @@ def _worker(here: _Here, call: bytes, rank: int, world_size: int, port: int, res
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        device = torch.device("cuda", rank) if backend == "nccl" else None
+        if device is not None:
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device)
         value = fn(rank, world_size, *args)
         dist.destroy_process_group()
         results.put(("rank0" if rank == 0 else "done", value))

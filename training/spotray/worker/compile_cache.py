@@ -56,10 +56,11 @@ class CompileCache:
 
     @staticmethod
     def graphs_from_cache() -> int:
-        """Compiled graphs (forward and backward together) this process took from the caches rather than compiling."""
+        """Compiled graphs (each forward and backward) this process took from the caches rather than compiling:
+        inductor's graph cache hits, which count under DDP too, where AOT autograd's own cache is bypassed."""
         from torch._dynamo.utils import counters
 
-        return int(counters["aot_autograd"]["autograd_cache_hit"])
+        return int(counters["inductor"]["fxgraph_cache_hit"])
 
     def keep(self) -> None:
         """Once, after the attempt's first step has compiled its graphs."""
