@@ -16,6 +16,7 @@ from spotray.worker.cadence import (
     GrowBack,
     PreemptionChecks,
     SnapshotInterval,
+    SnapshotSlowdown,
     interval_steps,
     young_daly_s,
 )
@@ -78,22 +79,35 @@ def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_t
     caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
     assert [s for s in range(101, 125) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 125))
-    interval.taken(110, blocking_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
+    interval.taken(110, cost_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
     assert interval.steps == 20 and not interval.due(129) and interval.due(130)
     assert "snapshot interval: every 20 steps (was 10)" in caplog.text  # said when it changes, as a checkpoint's is
     caplog.clear()
-    interval.taken(130, blocking_s=0.02, whole_s=0.05, step_s=0.1)
+    interval.taken(130, cost_s=0.02, whole_s=0.05, step_s=0.1)
     assert caplog.text == ""
-    interval.taken(130, blocking_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
+    interval.taken(130, cost_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
     assert interval.steps == 2  # sqrt(2 x 0.0001 x 100) = 0.14 s
     frequent = SnapshotInterval("auto", 3600.0, start_step=0)  # Young-Daly would snapshot every 0.45 s
-    frequent.taken(10, blocking_s=0.1, whole_s=0.2, step_s=1.0)
+    frequent.taken(10, cost_s=0.1, whole_s=0.2, step_s=1.0)
     assert frequent.steps == 5  # 0.1 / 0.02: the 2 % budget
-    frequent.taken(15, blocking_s=0.001, whole_s=9.0, step_s=1.0)
+    frequent.taken(15, cost_s=0.001, whole_s=9.0, step_s=1.0)
     assert frequent.steps == 9  # the upload takes 9 steps
     fixed = SnapshotInterval(4, 36.0, start_step=0)
-    fixed.taken(4, blocking_s=1.0, whole_s=1.0, step_s=0.001)
+    fixed.taken(4, cost_s=1.0, whole_s=1.0, step_s=0.001)
     assert [s for s in range(1, 13) if fixed.due(s)] == [4, 8, 12]
+
+
+def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps_that_overlap_no_write():
+    slowdown = SnapshotSlowdown()
+    slowdown.step(2.0, snapshot_copying=True, checkpoint_writing=False)  # no quiet step to measure against yet
+    for seconds in (1.0, 1.2, 0.8):
+        slowdown.step(seconds, snapshot_copying=False, checkpoint_writing=False)
+    slowdown.step(5.0, snapshot_copying=False, checkpoint_writing=True)  # a checkpoint's write: counted nowhere
+    slowdown.step(2.2, snapshot_copying=True, checkpoint_writing=False)
+    slowdown.step(0.9, snapshot_copying=True, checkpoint_writing=True)  # faster than the quiet mean: nothing
+    slowdown.step(1.5, snapshot_copying=True, checkpoint_writing=False)
+    assert slowdown.take() == pytest.approx(1.2 + 0.5)
+    assert slowdown.take() == 0.0
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):

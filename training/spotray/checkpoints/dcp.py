@@ -376,6 +376,11 @@ class Checkpointer:
         return self._group
 
     @property
+    def writing(self) -> bool:
+        """An asynchronous save is still being written in the background."""
+        return self._pending is not None and not self._pending[1].done()
+
+    @property
     def failed_saves(self) -> int:
         return self.failures.failed_saves
 

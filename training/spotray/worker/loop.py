@@ -49,6 +49,7 @@ from spotray.worker.cadence import (
     Cadence,
     GrowBack,
     SnapshotInterval,
+    SnapshotSlowdown,
     move_or_wait,
     nominal_every_steps,
     rank0_decides,
@@ -386,6 +387,7 @@ class _StepLoop:
         self.snapshots, self.compile_cache = snapshots, compile_cache
         self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, cfg.fault_tolerance.interruptions_per_hour,
                                                   parts.progress.step)
+        self.snapshot_slowdown = SnapshotSlowdown()
         self.last_step = cfg.train.stop_at_step or cfg.train.max_steps
         self.tokens_per_step = units_per_step(cfg, parts.task)
         self.prefetch = _Prefetcher(parts.dataset)
@@ -447,6 +449,8 @@ class _StepLoop:
 
     def _train_step(self) -> int:
         parts, env = self.parts, self.env
+        copying = self.snapshots is not None and self.snapshots.writing
+        writing = self.checkpointer.writing
         started = time.perf_counter()
         ids = parts.sampler.next_batch(env.rank, env.world_size)
         upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
@@ -461,6 +465,7 @@ class _StepLoop:
             self.records.audit.record(ids)
         if step > 1:  # the first step warms up kernels and allocators
             self.timed_steps, self.timed_seconds = self.timed_steps + 1, self.timed_seconds + seconds
+            self.snapshot_slowdown.step(seconds, copying, writing)
         return step
 
     def _flush_logs(self, durable: bool = False) -> None:
@@ -508,7 +513,8 @@ class _StepLoop:
         blocked = time.perf_counter() - started
         held = (previous.step, self.snapshots.usage()) if previous is not None and self.env.rank == 0 else None
         self.telemetry.snapshot(blocked, held)
-        measured = (blocked, self.snapshots.last_save_s or blocked, self._mean_step_s())
+        # What it costs: its blocking part, and the steps the last one's copy slowed (this one's is not over yet).
+        measured = (blocked + self.snapshot_slowdown.take(), self.snapshots.last_save_s or blocked, self._mean_step_s())
         self.snapshot_interval.taken(step, *(slowest_rank(measured, self.env.device) if self.snapshot_interval.auto
                                              else measured))
 
