@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.training.runs import cli_env
 
@@ -68,6 +69,15 @@ def test_a_random_token_corpus_is_a_prepared_dataset_of_ids_over_its_whole_vocab
     assert dataset.vocab_size == vocab_size and dataset.index["dtype"] == dtype
     ids = dataset.batch(list(range(dataset.num_samples)))
     assert 0 <= int(ids.min()) < vocab_size // 100 and vocab_size * 0.99 < int(ids.max()) < vocab_size
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs")
+@pytest.mark.parametrize("which", ["throughput", "compile"])
+def test_a_gpu_bench_refuses_more_workers_than_the_machine_has_gpus_before_starting_anything(which, capsys):
+    from spotray.cli import main
+
+    assert main(["bench", which, "--gpu", "--workers", "2", "--json"]) == 2
+    assert "--gpu with --workers 2: this machine has" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("vocab_size", ["1", "0", str((1 << 32) + 1)])

@@ -15,6 +15,7 @@ import torch
 
 from spotray.data.index import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab
 from spotray.data.prepare import prepare
+from spotray.errors import SpotrayError
 from spotray.storage import Location, resolve
 
 
@@ -38,6 +39,13 @@ def random_token_corpus(workdir: str, vocab_size: int, tokens: int = 1 << 22) ->
         "vocab_size": vocab_size, "eot_token": vocab_size - 1, "shard_tokens": tokens, "total_tokens": tokens,
         "num_documents": 1, "tokenizer_file": None, "shards": [shard]}))
     return root.url
+
+
+def check_gpus(gpu: bool, workers: int) -> None:
+    """``--gpu`` runs one worker a GPU: refused before anything starts where the machine has fewer."""
+    if gpu and workers > torch.cuda.device_count():
+        raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s); "
+                           "give --workers at most that")
 
 
 def machine() -> dict:

@@ -12,7 +12,7 @@ import statistics
 
 from spotray import config
 from spotray.accounts import goodput, ledger
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, check_gpus, machine, new_workdir
 from spotray.drills.process_group import train_on_process_group
 from spotray.worker.attempt import run_root
 
@@ -20,6 +20,7 @@ INDUCTOR_CACHE_DIR = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def run(preset: str = "small", rounds: int = 2, workers: int = 1, gpu: bool = False) -> dict:
+    check_gpus(gpu, workers)
     workdir = new_workdir()
     base = [f"data.path={bench_corpus(workdir)}", f"model.preset={preset}", f"train.seq_len={1024 if gpu else 128}",
             f"train.global_batch_size={4 * workers}", "train.max_steps=4", "train.compile=true",

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir, random_token_corpus
+from spotray.bench.common import bench_corpus, check_gpus, machine, new_workdir, random_token_corpus
 from spotray.data.dataset import TokenDataset
 from spotray.driver import launch
 from spotray.errors import SpotrayError
@@ -95,8 +95,7 @@ def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 
     ``hf_config``: a Transformers config (a config.json URL, or the JSON itself) to benchmark instead of
     ``preset``; ``overrides``: ``--set`` config overrides, which the bare loop ignores where it has no such feature
     (``snapshot.every_steps``: spotray's snapshots against a loop without them)."""
-    if gpu and workers > torch.cuda.device_count():
-        raise SpotrayError(f"--gpu with --workers {workers}: this machine has {torch.cuda.device_count()} GPU(s)")
+    check_gpus(gpu, workers)
     workdir = new_workdir()
     data_url = random_token_corpus(workdir, vocab_size) if vocab_size else bench_corpus(workdir)
     bare, spotray = [], []
