@@ -18,6 +18,7 @@ from spotray.worker.cadence import (
     SnapshotInterval,
     SnapshotSlowdown,
     interval_steps,
+    snapshot_cost_s,
     young_daly_s,
 )
 from tests.training.configs import make_config
@@ -108,6 +109,15 @@ def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps
     slowdown.step(1.5, snapshot_copying=True, checkpoint_writing=False)
     assert slowdown.take() == pytest.approx(1.2 + 0.5)
     assert slowdown.take() == 0.0
+
+
+def test_a_snapshot_before_any_timed_copy_counts_a_step_for_its_copy_so_the_next_is_not_taken_soon_after():
+    assert snapshot_cost_s(0.03, 0.0, 0.97, copy_timed=False) == pytest.approx(1.0)  # the attempt's first
+    assert snapshot_cost_s(0.03, 0.93, 0.97, copy_timed=True) == pytest.approx(0.96)
+    assert snapshot_cost_s(0.03, 0.0, 0.97, copy_timed=True) == pytest.approx(0.03)  # a copy that slowed no step
+    interval = SnapshotInterval("auto", 1.0, start_step=0)  # the figures of a 2-core node's first snapshot
+    interval.taken(10, snapshot_cost_s(0.031, 0.0, 0.955, copy_timed=False), whole_s=0.031, step_s=0.955)
+    assert interval.steps == math.ceil(young_daly_s(0.986, 3600) / 0.955) == 89  # 16 from the blocking part alone
 
 
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):

@@ -54,6 +54,7 @@ from spotray.worker.cadence import (
     nominal_every_steps,
     rank0_decides,
     slowest_rank,
+    snapshot_cost_s,
     too_short,
 )
 from spotray.worker.compile_cache import CompileCache
@@ -514,7 +515,9 @@ class _StepLoop:
         held = (previous.step, self.snapshots.usage()) if previous is not None and self.env.rank == 0 else None
         self.telemetry.snapshot(blocked, held)
         # What it costs: its blocking part, and the steps the last one's copy slowed (this one's is not over yet).
-        measured = (blocked + self.snapshot_slowdown.take(), self.snapshots.last_save_s or blocked, self._mean_step_s())
+        step_s = self._mean_step_s()
+        cost = snapshot_cost_s(blocked, self.snapshot_slowdown.take(), step_s, copy_timed=previous is not None)
+        measured = (cost, self.snapshots.last_save_s or blocked, step_s)
         self.snapshot_interval.taken(step, *(slowest_rank(measured, self.env.device) if self.snapshot_interval.auto
                                              else measured))
 
