@@ -79,14 +79,14 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
 def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap(caplog):
     caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
-    assert [s for s in range(101, 125) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 125))
-    interval.taken(110, cost_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
-    assert interval.steps == 20 and not interval.due(129) and interval.due(130)
-    assert "snapshot interval: every 20 steps (was 10)" in caplog.text  # said when it changes, as a checkpoint's is
+    assert [s for s in range(101, 160) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 160))
+    interval.taken(150, cost_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
+    assert interval.steps == 20 and not interval.due(169) and interval.due(170)
+    assert "snapshot interval: every 20 steps (was 50)" in caplog.text  # said when it changes, as a checkpoint's is
     caplog.clear()
-    interval.taken(130, cost_s=0.02, whole_s=0.05, step_s=0.1)
+    interval.taken(170, cost_s=0.02, whole_s=0.05, step_s=0.1)
     assert caplog.text == ""
-    interval.taken(130, cost_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
+    interval.taken(170, cost_s=0.0001, whole_s=0.001, step_s=0.1)  # 0.0001 / 0.02 = 0.005 s: Young–Daly wins
     assert interval.steps == 2  # sqrt(2 x 0.0001 x 100) = 0.14 s
     frequent = SnapshotInterval("auto", 3600.0, start_step=0)  # Young-Daly would snapshot every 0.45 s
     frequent.taken(10, cost_s=0.1, whole_s=0.2, step_s=1.0)
@@ -111,12 +111,13 @@ def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps
     assert slowdown.take() == 0.0
 
 
-def test_a_snapshot_before_any_timed_copy_counts_a_step_for_its_copy_so_the_next_is_not_taken_soon_after():
+def test_until_a_copy_is_timed_it_counts_as_a_step_so_the_first_snapshot_waits_until_a_step_fits_the_budget():
+    assert UNMEASURED_SNAPSHOT_STEPS == 50  # a step in 50: 2 %
     assert snapshot_cost_s(0.03, 0.0, 0.97, copy_timed=False) == pytest.approx(1.0)  # the attempt's first
     assert snapshot_cost_s(0.03, 0.93, 0.97, copy_timed=True) == pytest.approx(0.96)
     assert snapshot_cost_s(0.03, 0.0, 0.97, copy_timed=True) == pytest.approx(0.03)  # a copy that slowed no step
     interval = SnapshotInterval("auto", 1.0, start_step=0)  # the figures of a 2-core node's first snapshot
-    interval.taken(10, snapshot_cost_s(0.031, 0.0, 0.955, copy_timed=False), whole_s=0.031, step_s=0.955)
+    interval.taken(50, snapshot_cost_s(0.031, 0.0, 0.955, copy_timed=False), whole_s=0.031, step_s=0.955)
     assert interval.steps == math.ceil(young_daly_s(0.986, 3600) / 0.955) == 89  # 16 from the blocking part alone
 
 

@@ -77,6 +77,7 @@ def test_auto_snapshots_count_the_steps_their_copy_slowed_as_their_cost(dataset_
     monkeypatch.setattr(cadence.SnapshotSlowdown, "take", counted)
     monkeypatch.setattr(cadence.SnapshotInterval, "taken", recorded)
     monkeypatch.setattr(cadence, "SNAPSHOT_BUDGET", 1.0)  # short intervals however long a loaded machine blocks
+    monkeypatch.setattr(cadence, "UNMEASURED_SNAPSHOT_STEPS", 10)  # the first too
     cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "slow", "scaling.num_workers=1", "train.max_steps=60",
                       "checkpoint.every_steps=1000", "snapshot.every_steps=auto",
                       "fault_tolerance.expected_interruptions_per_hour=36000")  # Young–Daly's term stays short too
