@@ -2,6 +2,8 @@
 a run that trained each sample of an epoch once, across a resume that trained steps again, and fails on each defect
 it guards: a sample trained twice in an epoch, a step nobody recorded."""
 
+import time
+
 import pytest
 
 from spotray.accounts import ledger
@@ -64,3 +66,34 @@ def test_records_written_through_a_mark_do_not_wait_for_those_put_after_it(tmp_p
     assert not writer.written_through(writer.mark(), timeout_s=0.5)
     release.set()
     assert writer.written_through(writer.mark(), timeout_s=10) and mine.read_text() == "2"
+
+
+def test_a_save_waiting_for_records_has_a_write_waiting_out_its_backoff_tried_at_once_and_fails_if_that_fails(
+        tmp_path, monkeypatch):
+    """Storage came back while the writer rests after a failed write: a checkpoint must not fail for that, nor commit
+    without the records (a kill after it would take them, and the run resumed from it would lack its steps)."""
+    from spotray.errors import StorageError
+
+    monkeypatch.setattr(ledger, "RETRY_FIRST_S", 60.0)
+    down, tries = [True], []
+    write_text = Location.write_text
+
+    def flaky(self, text):
+        tries.append(self.name)
+        if down[0]:
+            raise StorageError("storage is failing")
+        write_text(self, text)
+
+    monkeypatch.setattr(Location, "write_text", flaky)
+    writer = ledger.RecordWriter()
+    record = resolve(str(tmp_path / "losses.jsonl"))
+    writer.put(record, "1")
+    while not writer.failing:
+        time.sleep(0.01)
+    time.sleep(0.2)  # into its backoff
+    with pytest.raises(OSError, match="records of its steps could not be written"):
+        writer.check_written()()  # still down: one more try, at once, and it fails
+    assert len(tries) == 2
+    down[0] = False
+    writer.check_written()()  # back: written now, not after the 60 s backoff
+    assert record.read_text() == "1" and not writer.failing

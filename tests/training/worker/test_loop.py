@@ -13,6 +13,7 @@ from spotray.worker import cadence, loop
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.loop import train
 from tests.training.configs import make_config
+from tests.training.records_outage import first_loss_log_write_fails
 from tests.training.snapshots.holders import FakeHolder, snapshot_location
 
 COUNTS_FROZEN_OBJECTS = """
@@ -86,3 +87,14 @@ def test_auto_snapshots_count_the_steps_their_copy_slowed_as_their_cost(dataset_
     slowed_most = max(range(len(extras)), key=extras.__getitem__)
     assert extras[0] == 0 and extras[slowed_most] > 0.9, extras  # the first snapshot has no copy before it to count
     assert costs[slowed_most] > extras[slowed_most], (costs, extras)
+
+
+def test_a_checkpoint_commits_only_once_the_records_of_its_steps_are_in_storage(dataset_url, tmp_path, monkeypatch):
+    """The loss log's first write fails, and the writer rests a minute: the checkpoint after it waits for the log
+    instead of committing steps that a kill would leave with no record."""
+    commits = first_loss_log_write_fails(monkeypatch)
+    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "records", "scaling.num_workers=1", "train.max_steps=6",
+                      "checkpoint.every_steps=3", "train.log_every=3")
+    train(cfg, WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
+    assert [step for step, _ in commits] == [3, 6]
+    assert all(logged >= step for step, logged in commits), commits

@@ -26,6 +26,7 @@ from spotray.storage import resolve
 from spotray.worker import session
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.cadence import Cadence
+from tests.training.records_outage import first_loss_log_write_fails
 
 
 def script_config(runs: Path, *sets: str) -> dict:
@@ -200,6 +201,19 @@ def test_a_checkpoint_saved_by_another_world_size_is_refused_unless_allowed(tmp_
         session.check_world_size(cfg, saved_by=2, workers=4)
     allowed = config.from_dict(script_config(tmp_path, "script.allow_world_size_change=true"))
     session.check_world_size(allowed, saved_by=2, workers=4)
+
+
+def test_a_scripts_commit_waits_for_the_records_of_its_steps(tmp_path, monkeypatch):
+    """As the loop's checkpoints do (``test_loop``): a kill after the commit must leave no committed step unrecorded."""
+    commits = first_loss_log_write_fails(monkeypatch)
+    current = open_session(0, 1, script_config(tmp_path / "runs"))
+    current.restore(str(tmp_path / "checkpoint"))
+    for step in (1, 2, 3):
+        current.report(step, loss=1.0)
+    write_files(tmp_path / "checkpoint", 0, 3)
+    current.commit(str(tmp_path / "checkpoint"), 3)
+    current.finish(moved=False)
+    assert commits == [(3, 3)]
 
 
 def test_outside_spotray_train_the_calls_do_nothing(tmp_path, caplog):

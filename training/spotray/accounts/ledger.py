@@ -28,6 +28,8 @@ _EVALS_FILE = "evals.jsonl"
 _INTERVALS_FILE = "intervals.jsonl"
 _FINAL_FILE = "final.json"
 _RUN_FILE = "run.json"
+RECORDS_BEFORE_SAVE_S = 10.0  # the most a save waits for the records of its steps before it fails
+RETRY_FIRST_S, RETRY_MOST_S = 0.5, 30.0  # a record that failed to write is tried again after these, doubling
 T = TypeVar("T")
 
 
@@ -65,8 +67,9 @@ class RecordWriter:
         self._put: dict[str, int] = {}  # each record's newest version, by a sequence number of the puts
         self._written: dict[str, int] = {}  # each record's newest version written
         self._sequence = 0
+        self._tries = 0  # writes tried, failed or not
         self._cond = threading.Condition()
-        self._busy = self._closed = self._running = False
+        self._busy = self._closed = self._running = self._hurry = False
         self.failing = False
         with self._cond:
             self._start()
@@ -103,15 +106,31 @@ class RecordWriter:
 
     def written_through(self, mark: dict[str, int], timeout_s: float) -> bool:
         """Wait until every record as of ``mark`` (or a newer version of it) is written, however many are put
-        meanwhile; gives up at once while storage is failing."""
+        meanwhile. Gives up after ``timeout_s``, or once a write tried after this call began fails: while storage is
+        failing, the write waiting out its backoff is tried again at once."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while any(self._written.get(url, 0) < seq for url, seq in mark.items()) and not self.failing:
+            tries = self._tries
+            if self.failing:
+                self._hurry = True
+                self._cond.notify_all()
+            while any(self._written.get(url, 0) < seq for url, seq in mark.items()):
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or (self.failing and self._tries > tries):
                     return False
                 self._cond.wait(remaining)
-            return all(self._written.get(url, 0) >= seq for url, seq in mark.items())
+            return True
+
+    def check_written(self) -> Callable[[], None]:
+        """As a save starts: what it runs before it writes (``Checkpointer.records_first``), so that no checkpoint
+        or snapshot holds a step whose records could be lost with its node. Raises OSError where the records put
+        before the save began cannot be written."""
+        mark = self.mark()
+
+        def written() -> None:
+            if not self.written_through(mark, timeout_s=RECORDS_BEFORE_SAVE_S):
+                raise OSError("the ledger's records of its steps could not be written to storage")
+        return written
 
     def close(self, timeout_s: float) -> None:
         """Everything written within ``timeout_s``, through an outage, and the thread ended; or a StorageError (the
@@ -128,7 +147,7 @@ class RecordWriter:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = RETRY_FIRST_S
         while True:
             with self._cond:
                 while not self._pending:
@@ -139,23 +158,34 @@ class RecordWriter:
                 url = next(iter(self._pending))
                 location, text, sequence = self._pending.pop(url)
                 self._busy = True
+            recovered = failed = False
             try:
                 location.write_text(text)
             except StorageError as exc:
                 self._failed(url, location, text, sequence, exc)
-                time.sleep(backoff)
-                backoff = min(2 * backoff, 30.0)
-                continue
+                failed = True
             else:
                 with self._cond:
                     self._written[url] = max(self._written.get(url, 0), sequence)
+                    recovered, self.failing = self.failing, False
             finally:
                 with self._cond:
                     self._busy = False
+                    self._tries += 1
                     self._cond.notify_all()
-            if self.failing:
+            if failed:
+                self._rest(backoff)
+                backoff = min(2 * backoff, RETRY_MOST_S)
+                continue
+            if recovered:
                 log.warning("storage is reachable again: records caught up")
-            self.failing, backoff = False, 0.5
+            backoff = RETRY_FIRST_S
+
+    def _rest(self, seconds: float) -> None:
+        """The backoff after a failed write, cut short where a save waits for the records (``written_through``)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._hurry, seconds)
+            self._hurry = False
 
     def _failed(self, url: str, location: Location, text: str, sequence: int, exc: StorageError) -> None:
         with self._cond:

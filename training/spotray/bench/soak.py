@@ -187,12 +187,16 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
         cluster.add_node()
     elif kind in ("kill", "corrupt"):
         cluster.kill(workers[-1])
-        # After the kill, which stops every save (a commit needs every rank), and long before the restart reads it:
-        # corrupted first, a checkpoint the run committed before the kill would be the newest and go unread.
-        corrupted = _corrupt_newest(root) if kind == "corrupt" else None
+        # After the kill, and long before the restart reads it: corrupted first, a checkpoint the run committed before
+        # the kill would be the newest and go unread.
+        corrupted = [_corrupt(_committed(root)[0])] if kind == "corrupt" else []
         cluster.add_node()
-        if corrupted is not None:
-            return {"kind": kind, "injected_s": round(time.time() - started, 1), "corrupted_step": corrupted}
+        if corrupted:
+            # A save whose parts were all written before the kill still commits on the ranks left: it would be the
+            # newest, and the one corrupted above never read.
+            corrupted += [_corrupt(c) for c in _committed(root) if c.step > corrupted[0]]
+            return {"kind": kind, "injected_s": round(time.time() - started, 1), "corrupted_step": corrupted[0],
+                    "corrupted_later": corrupted[1:]}
     elif kind == "two_nodes":
         for node in workers:
             cluster.kill(node)
@@ -241,15 +245,13 @@ def _said(console: str) -> dict:
             "traceback": "Traceback" in console}
 
 
-def _corrupt_newest(root) -> int:
-    """One flipped byte in the first shard of the newest committed checkpoint (its size stays, its CRC32 does not);
-    returns its step."""
-    newest = _committed(root)[0]
-    shard = next(name for name in newest.location.list_names() if name.endswith(".distcp"))
-    data = bytearray(newest.location.child(shard).read_bytes())
+def _corrupt(checkpoint) -> int:
+    """One flipped byte in the checkpoint's first shard (its size stays, its CRC32 does not); returns its step."""
+    shard = next(name for name in checkpoint.location.list_names() if name.endswith(".distcp"))
+    data = bytearray(checkpoint.location.child(shard).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    newest.location.child(shard).write_bytes(bytes(data))
-    return newest.step
+    checkpoint.location.child(shard).write_bytes(bytes(data))
+    return checkpoint.step
 
 
 def _finish(driver: _Driver, timeout_s: float = 1200) -> dict:
@@ -281,6 +283,7 @@ def _report(kinds, faults_done, summary, straight, status, samples, most_held, m
     return {"machine": machine(), "minutes": minutes, "seed": seed, "max_steps": max_steps, "every": EVERY,
             "keep_last": KEEP_LAST, "schedule": kinds, "checks": checks, "passed": all(checks.values()),
             "faults": per_fault + [f for f in faults_done if f["kind"] not in RESTARTS],
+            "endings": events,  # whole, in order: ``faults`` pairs them with the restarts and drops what has no pair
             "survived_by_kind": {kind: kinds.count(kind) for kind in KINDS},
             "lost_steps": status["lost_steps"], "goodput": status["goodput"], "most_checkpoint_folders": most_held,
             "driver_samples": samples}

@@ -363,7 +363,8 @@ class Checkpointer:
         self._stager = _persistent_stager() if async_save else None
         self.last_save_s: float | None = None  # how long the last save took end to end, for deadline decisions
         self.last_committed: CommittedCheckpoint | None = None
-        self.before_write: Callable[[], None] | None = None  # see _CommittingWriter
+        # As each save starts, the check it runs before it writes (``RecordWriter.check_written``), or None.
+        self.records_first: Callable[[], Callable[[], None]] | None = None
 
     def agree(self, value):
         """Rank 0's ``value`` on every rank: for decisions that choose whether a collective happens. On the
@@ -399,7 +400,7 @@ class Checkpointer:
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
         writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step), refused=untidy,
-                                   before_write=self.before_write)
+                                   before_write=self.records_first() if self.records_first else None)
         started = time.monotonic()
         try:
             if self.async_save and not blocking:

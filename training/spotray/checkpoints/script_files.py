@@ -25,6 +25,7 @@ import shutil
 import socket
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,7 +81,9 @@ class FilesCheckpoints:
         self.nbytes = sum({name: size for listing in reversed(listings) for name, size in listing.items()}.values())
         location = self.checkpointer.root.child(f"step_{step:09d}")
         started = time.monotonic()
-        self._pending = (step, self._pool.submit(self._upload, Path(local_dir), mine, location, step, started))
+        records_first = self.checkpointer.records_first() if self.checkpointer.records_first else None
+        self._pending = (step, self._pool.submit(self._upload, Path(local_dir), mine, location, step, started,
+                                                 records_first))
 
     @property
     def in_flight(self) -> bool:
@@ -94,9 +97,12 @@ class FilesCheckpoints:
         self._pending = None
         return future.result()
 
-    def _upload(self, local_dir: Path, names: list[str], location: Location, step: int, started: float) -> bool:
+    def _upload(self, local_dir: Path, names: list[str], location: Location, step: int, started: float,
+                records_first: Callable[[], None] | None) -> bool:
         error, entries = None, {}
         try:
+            if records_first is not None:
+                records_first()
             for name in names:
                 entries[f"{FILES_DIR}/{name}"] = _put(local_dir / name, location.child(FILES_DIR, name))
         except (OSError, SpotrayError) as exc:

@@ -278,6 +278,11 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     restore_s = time.time() - restore_started
     _seed_after_restore(cfg, env, parts.progress.step, restored)
     records = open_records(cfg, env, root, attempt_id, parts.progress.step)
+    # A save holds only steps whose records are in storage: were they lost with a node, the run resumed from it would
+    # keep steps its ledger does not have.
+    for store in (checkpointer, snapshots):
+        if store is not None:
+            store.records_first = records.writer.check_written
     telemetry = _telemetry(cfg, env, records, entered_at, parts)
     from_snapshot = snapshot is not None and restored == snapshot
     telemetry.started(restore_started - entered_at, restore_s, from_snapshot=from_snapshot)
@@ -320,13 +325,6 @@ def _restore(cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointe
             parts = build_parts(cfg, env)
     return parts, checkpointer.restore_latest(parts.state, per_rank_keys=("rng",), prefetch=prefetch,
                                               candidates=candidates)
-
-
-def _records_durable(writer: ledger.RecordWriter, mark: dict[str, int]) -> None:
-    """A snapshot commits only once the records of the steps it holds (as of ``mark``) are in storage, as a
-    checkpoint does: were they lost with the node, the resumed run would keep steps its ledger does not have."""
-    if not writer.written_through(mark, timeout_s=FAILURE_RECORD_WAIT_S):
-        raise OSError("the ledger's records of its steps could not be written to storage")
 
 
 def _abandon(checkpointer: Checkpointer, snapshots: Snapshots | None, writer: ledger.RecordWriter) -> None:
@@ -469,8 +467,8 @@ class _StepLoop:
             self.snapshot_slowdown.step(seconds, copying, writing)
         return step
 
-    def _flush_logs(self, durable: bool = False) -> None:
-        """Queue the records; ``durable`` (before a checkpoint) waits for them unless storage is failing."""
+    def _flush_logs(self) -> None:
+        """Queue the records (a save that starts next writes once they are in storage: ``records_first``)."""
         records = self.records
         _reduce_losses(self.pending_losses, self.tokens_per_step, records.losses)
         self.pending_losses.clear()
@@ -478,8 +476,6 @@ class _StepLoop:
             records.losses.flush()
         if records.audit:
             records.audit.flush()
-        if durable:
-            records.writer.flush()
 
     def _log(self, step: int) -> None:
         self._flush_logs()  # also the record of how far this attempt got, should it die before its next save
@@ -490,7 +486,7 @@ class _StepLoop:
                               memory.all_ranks(self.env.device))
 
     def _checkpoint(self, step: int) -> None:
-        self._flush_logs(durable=True)
+        self._flush_logs()
         started = time.perf_counter()
         committed = self.checkpointer.save(step, self.parts.state, val_loss=self.val_losses.get(step))
         blocked = time.perf_counter() - started
@@ -506,9 +502,7 @@ class _StepLoop:
 
     def _snapshot(self, step: int) -> None:
         assert self.snapshots is not None  # _snapshot_due
-        self._flush_logs()  # queued here; the snapshot commits once they are written (_records_durable)
-        self.snapshots.before_write = functools.partial(_records_durable, self.records.writer,
-                                                        self.records.writer.mark())
+        self._flush_logs()
         started = time.perf_counter()
         previous = self.snapshots.save(step, self.parts.state)  # the one before, committed (or None)
         blocked = time.perf_counter() - started
@@ -538,7 +532,7 @@ class _StepLoop:
     def _check_preemption(self, step: int) -> None:
         deadline = self.cadence.notice(step, self._mean_step_s())
         if deadline is not None:
-            self._flush_logs(durable=True)
+            self._flush_logs()
             if _survive_preemption(deadline, step, self._emergency_stores(), self.parts.state, self.env,
                                    self.telemetry, self.cfg.fault_tolerance.move_on_notice):
                 raise MovedOnNotice(step)
@@ -552,7 +546,7 @@ class _StepLoop:
                 else (self.checkpointer,))
 
     def _commit_final(self) -> None:
-        self._flush_logs(durable=True)
+        self._flush_logs()
         started = time.perf_counter()
         step = self.parts.progress.step
         committed = self.checkpointer.commit_final(step, self.parts.state, self.val_losses.get(step))

@@ -183,6 +183,7 @@ class Session:
         self.from_step = self.last_step = from_step
         self.records = open_records(self.cfg, self.env, self.root, self.attempt_id, from_step)
         self.writer, self.losses, self.attempts = self.records.writer, self.records.losses, self.records.root
+        self.checkpointer.records_first = self.writer.check_written  # as the loop's saves (``worker.loop.train``)
         self.telemetry = Telemetry() if self.env.rank != 0 else RankZeroTelemetry(
             attempts_root=self.attempts, attempt=self.records.attempt, entered_at=self.entered_at,
             max_steps=self.max_steps, tokens_per_step=0, flops_per_token=None, peak=None, run_name=self.cfg.run.name,
