@@ -2,10 +2,14 @@
 cluster."""
 
 import json
+import subprocess
+import sys
+import threading
 
 import pytest
 
-from spotray.bench.soak import HELD_AT_MOST, KINDS, LOST_AT_MOST, schedule, soak_checks
+from spotray.bench.soak import HELD_AT_MOST, KINDS, LOST_AT_MOST, _Driver, _wait_for_resumed, schedule, soak_checks
+from spotray.errors import SpotrayError
 
 
 def test_the_schedule_has_every_kind_at_least_once_and_is_the_same_for_a_seed():
@@ -86,6 +90,21 @@ def test_a_lost_heads_driver_must_end_in_one_line_naming_the_step_it_resumes_fro
     assert not said(errors=[line.replace("'soak'", "'other'")])
     assert not said(errors=[line.replace("step 40", "step 45")])  # not a checkpoint's step
     assert not said(errors=[line.split(" (the full log")[0]])
+
+
+def test_a_fault_waits_until_the_run_has_resumed_after_each_fault_before_it(tmp_path):
+    driver = _Driver(None, [], tmp_path)  # type: ignore[arg-type]  # no cluster: only its log and process are read
+    driver.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    log = tmp_path / "driver.log"
+    log.write_text("spotray: RESUMED from step 40 on 2 workers, 27.3s after the interruption, 0 steps lost\n")
+    _wait_for_resumed(driver, 1)
+    resumed_again = "spotray: RESUMED from step 60 on 2 workers\n"
+    threading.Timer(1.0, lambda: log.write_text(log.read_text() + resumed_again)).start()
+    _wait_for_resumed(driver, 2, timeout_s=30)
+    assert log.read_text().count("RESUMED") == 2  # it waited for the second
+    driver.proc.kill()
+    with pytest.raises(SpotrayError, match="resumed 2 times, not once after each of the 3 faults"):
+        _wait_for_resumed(driver, 3)
 
 
 @pytest.mark.cluster

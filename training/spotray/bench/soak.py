@@ -4,15 +4,16 @@ without one, two nodes lost at once, the driver killed (the same command run aga
 same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and a node killed and the
 newest checkpoint corrupted before the run resumes.
 
-Fault ``i`` of ``n`` lands once a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
-``(n + 1) * gap`` steps. Checked and reported: the run finishes; its final parameters are bitwise those of the same
-run uninterrupted (trained on a bare process group); every sample trained exactly once; each interruption lost at
-most its kind's bound of steps; the driver's memory and open files stay within bounds while it lives; the checkpoint
-folder never holds more than ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness
-caused; no corrupted checkpoint is resumed from; the driver of a lost head ends with one line, which names the step
-that the same command resumes from; saves fail in a storage outage, what storage lists as committed meanwhile is whole
-(a save whose commit marker landed though its reply was lost is), and no failed save is kept; and the loss log holds
-every step."""
+Fault ``i`` of ``n`` lands once the run trains again after the faults before it (one during a restart could hit a node
+that the new worker group never takes) and a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
+``n * gap`` steps and then at least ``LAST_FAULT_STEPS`` more, so that the last fault takes effect before it ends.
+Checked and reported: the run finishes; its final parameters are bitwise those of the same run uninterrupted (trained on
+a bare process group); every sample trained exactly once; each interruption lost at most its kind's bound of steps; the
+driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
+``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness caused; no corrupted checkpoint is
+resumed from; the driver of a lost head ends with one line, which names the step that the same command resumes from;
+saves fail in a storage outage, what storage lists as committed meanwhile is whole (a save whose commit marker landed
+though its reply was lost is), and no failed save is kept; and the loss log holds every step."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ ENDINGS = {"notice": "notice", "kill": "kill", "two_nodes": "kill", "corrupt": "
 OUTAGE_S = 5  # the link stays cut at least this long, and until a save has failed in it
 OUTAGE_AT_MOST_S = 120  # a run that tries no save this long with its storage gone is stalled: the check says so
 STEPS_PER_MINUTE = 500  # of the tiny model on 2 workers on cpu-2c, saving to S3 every EVERY steps
+# About 25 s on cpu-2c: a notice reaches the workers seconds after it lands (Ray's drain, then Ray Train's poll), at
+# the latest by the drills' 20 s drain deadline, when the node goes.
+LAST_FAULT_STEPS = 200
 FAULT_MINUTES = 1.1  # what a fault and its recovery took on average on cpu-2c (the head's: 2 minutes)
 HELD_AT_MOST = KEEP_LAST + 1  # checkpoint folders in storage at any moment: keep_last and the one being written
 DRIVER_RSS_GROWTH_MB, DRIVER_FD_GROWTH = 200, 64
@@ -116,7 +120,7 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
     kinds, started = schedule(seed, faults), time.time()
     training_minutes = max(0.5, (minutes - FAULT_MINUTES * len(kinds)) / 2)  # the soak's run, then the straight one
     gap = max(2 * EVERY, round(training_minutes * STEPS_PER_MINUTE / (len(kinds) + 1) / EVERY) * EVERY)
-    max_steps = (len(kinds) + 1) * gap
+    max_steps = len(kinds) * gap + max(gap, LAST_FAULT_STEPS)
     workdir = Path(new_workdir())
     data_url = bench_corpus(str(workdir))
     with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own(clusters, workdir / "ray") as reused:
@@ -126,12 +130,14 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
                 f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
                 f"checkpoint.keep_last={KEEP_LAST}", "scaling.num_workers=2",
                 "fault_tolerance.preemption_check_every_steps=2", f"storage.endpoint_url={proxy.endpoint}"]
-        faults_done, most_held = [], 0
+        faults_done: list[dict] = []
+        most_held = 0
         driver = _Driver(reused.get(), [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
         try:
             driver.start()
             landing = random.Random(seed)
             for i, kind in enumerate(kinds):
+                _wait_for_resumed(driver, sum(fault["kind"] in RESTARTS for fault in faults_done))
                 most_held = max(most_held, _wait_for_step(root, (i + 1) * gap, driver))
                 time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
                 driver.sample()
@@ -160,6 +166,21 @@ def _wait_for_step(root, step: int, driver: _Driver, timeout_s: float = 900) -> 
             return most
         time.sleep(0.5)
     raise SpotrayError(f"bench soak: no checkpoint of step {step} within {timeout_s} s:\n{driver.log_tail()}")
+
+
+def _wait_for_resumed(driver: _Driver, restarts: int, timeout_s: float = 900) -> None:
+    """Until the driver has said it resumed after each of ``restarts`` faults."""
+    deadline = time.time() + timeout_s
+    while (said := _resumes(driver)) < restarts:
+        if driver.process.poll() is not None or time.time() > deadline:
+            raise SpotrayError(f"bench soak: the run resumed {said} times, not once after each of the {restarts} "
+                               f"faults that restarted it:\n{driver.log_tail()}")
+        time.sleep(0.5)
+
+
+def _resumes(driver: _Driver) -> int:
+    """How often the run's drivers said they resumed it."""
+    return len(re.findall(r"^spotray: RESUMED from", (driver.workdir / "driver.log").read_text(), re.M))
 
 
 def _committed(root, tries: int = 5) -> list:

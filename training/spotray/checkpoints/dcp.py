@@ -385,6 +385,10 @@ class Checkpointer:
     def failed_saves(self) -> int:
         return self.failures.failed_saves
 
+    def records_check(self) -> Callable[[], None] | None:
+        """As a save starts: the check it runs on each rank before it writes (from ``records_first``), or None."""
+        return self.records_first() if self.records_first else None
+
     def retry_due(self, step: int) -> bool:
         """A save failed and its retry is due at this step."""
         return self.failures.retry_due(step)
@@ -400,7 +404,7 @@ class Checkpointer:
         location = self.root.child(_step_dir_name(step))
         marker = {"step": step, "world_size": self.world_size, **({} if val_loss is None else {"val_loss": val_loss})}
         writer = _CommittingWriter(location, marker, on_commit=lambda: self.schedule_retention(step), refused=untidy,
-                                   before_write=self.records_first() if self.records_first else None)
+                                   before_write=self.records_check())
         started = time.monotonic()
         try:
             if self.async_save and not blocking:

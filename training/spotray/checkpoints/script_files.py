@@ -81,9 +81,8 @@ class FilesCheckpoints:
         self.nbytes = sum({name: size for listing in reversed(listings) for name, size in listing.items()}.values())
         location = self.checkpointer.root.child(f"step_{step:09d}")
         started = time.monotonic()
-        records_first = self.checkpointer.records_first() if self.checkpointer.records_first else None
         self._pending = (step, self._pool.submit(self._upload, Path(local_dir), mine, location, step, started,
-                                                 records_first))
+                                                 self.checkpointer.records_check()))
 
     @property
     def in_flight(self) -> bool:
@@ -98,11 +97,11 @@ class FilesCheckpoints:
         return future.result()
 
     def _upload(self, local_dir: Path, names: list[str], location: Location, step: int, started: float,
-                records_first: Callable[[], None] | None) -> bool:
+                records_check: Callable[[], None] | None) -> bool:
         error, entries = None, {}
         try:
-            if records_first is not None:
-                records_first()
+            if records_check is not None:
+                records_check()
             for name in names:
                 entries[f"{FILES_DIR}/{name}"] = _put(local_dir / name, location.child(FILES_DIR, name))
         except (OSError, SpotrayError) as exc:
