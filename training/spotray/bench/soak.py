@@ -5,11 +5,12 @@ same command on a new cluster resumes, as a RayJob retry does), a storage outage
 newest checkpoint corrupted before the run resumes.
 
 Fault ``i`` of ``n`` lands once the run trains again after the faults before it (one during a restart could hit a node
-that the new worker group never takes) and a checkpoint of step ``(i + 1) * gap`` is committed; the run trains
-``n * gap`` steps and then at least ``LAST_FAULT_STEPS`` more, so that the last fault takes effect before it ends.
-Checked and reported: the run finishes; its final parameters are bitwise those of the same run uninterrupted (trained on
-a bare process group); every sample trained exactly once; each interruption lost at most its kind's bound of steps; the
-driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
+that the new worker group never takes) and a checkpoint of step ``(i + 1) * gap`` is committed, newer than any that was
+committed as the fault before it ended (a kill right after an outage would go back past the save that failed in it); the
+run trains ``n * gap`` steps and then at least ``LAST_FAULT_STEPS`` more, so that the last fault takes effect before it
+ends. Checked and reported: the run finishes; its final parameters are bitwise those of the same run uninterrupted
+(trained on a bare process group); every sample trained exactly once; each interruption lost at most its kind's bound of
+steps; the driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
 ``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness caused; no corrupted checkpoint is
 resumed from; the driver of a lost head ends with one line, which names the step that the same command resumes from;
 saves fail in a storage outage, what storage lists as committed meanwhile is whole (a save whose commit marker landed
@@ -136,12 +137,14 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
         try:
             driver.start()
             landing = random.Random(seed)
+            newest = 0  # the newest checkpoint committed as the last fault ended
             for i, kind in enumerate(kinds):
                 _wait_for_resumed(driver, sum(fault["kind"] in RESTARTS for fault in faults_done))
-                most_held = max(most_held, _wait_for_step(root, (i + 1) * gap, driver))
+                most_held = max(most_held, _wait_for_step(root, max((i + 1) * gap, newest + 1), driver))
                 time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
                 driver.sample()
                 faults_done.append(_inject(kind, driver, root, proxy, reused))
+                newest = max((c.step for c in _committed(root)), default=0)
             summary = _finish(driver)
             most_held = max(most_held, _held(root))
             saves = {"failed": _failed_saves(driver), "committed": [c.step for c in _committed(root)]}
