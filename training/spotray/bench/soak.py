@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,25 +161,34 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
 
 def _wait_for_step(root, step: int, driver: _Driver, timeout_s: float = 900) -> int:
     """Until a checkpoint of ``step`` or later is committed; returns the most checkpoint folders seen meanwhile."""
-    deadline, most = time.time() + timeout_s, 0
-    while time.time() < deadline:
-        if driver.process.poll() is not None:
-            raise SpotrayError(f"bench soak: the driver ended before step {step}:\n{driver.log_tail()}")
+    most = 0
+
+    def committed() -> bool:
+        nonlocal most
         most = max(most, _held(root))
-        if any(c.step >= step for c in _committed(root)):
-            return most
-        time.sleep(0.5)
-    raise SpotrayError(f"bench soak: no checkpoint of step {step} within {timeout_s} s:\n{driver.log_tail()}")
+        return any(c.step >= step for c in _committed(root))
+
+    _poll(committed, driver, timeout_s, lambda: f"no checkpoint of step {step} was committed")
+    return most
 
 
 def _wait_for_resumed(driver: _Driver, restarts: int, timeout_s: float = 900) -> None:
     """Until the driver has said it resumed after each of ``restarts`` faults."""
+    _poll(lambda: _resumes(driver) >= restarts, driver, timeout_s,
+          lambda: f"the run resumed {_resumes(driver)} times, not once after each of the {restarts} faults that "
+                  "restarted it")
+
+
+def _poll(done: Callable[[], bool], driver: _Driver, timeout_s: float, what_failed: Callable[[], str]) -> None:
+    """Every 0.5 s until ``done()``; one line saying ``what_failed()`` when the driver ends or ``timeout_s`` passes
+    first."""
     deadline = time.time() + timeout_s
-    while (said := _resumes(driver)) < restarts:
-        if driver.process.poll() is not None or time.time() > deadline:
-            raise SpotrayError(f"bench soak: the run resumed {said} times, not once after each of the {restarts} "
-                               f"faults that restarted it:\n{driver.log_tail()}")
+    while driver.process.poll() is None and time.time() < deadline:
+        if done():
+            return
         time.sleep(0.5)
+    why = "before the driver ended" if driver.process.poll() is not None else f"within {timeout_s} s"
+    raise SpotrayError(f"bench soak: {what_failed()} {why}:\n{driver.log_tail()}")
 
 
 def _resumes(driver: _Driver) -> int:
