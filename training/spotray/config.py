@@ -210,8 +210,9 @@ class CheckpointSection:
 
 @dataclass(frozen=True)
 class SnapshotSection:
-    """In-memory snapshots of the training state on the run's nodes, between checkpoints (spotray.snapshots): a
-    kill then costs the steps since the last snapshot, read back from a surviving node instead of storage."""
+    """In-memory snapshots of the training state on the run's nodes, between checkpoints and with them
+    (spotray.snapshots): a kill then costs the steps since the last snapshot, read back from a surviving node instead
+    of storage."""
 
     every_steps: int | str = AUTO  # auto: Young–Daly at the expected rate, never over 2 % of step time; a count; 0: off
     max_gb_per_node: float | None = None  # None: half of what the node (its pod, under its limit) has room for

@@ -15,7 +15,7 @@ from spotray.errors import SpotrayError
 from spotray.planning import calibration, planner
 from spotray.planning import estimate as command
 from spotray.storage import resolve
-from spotray.worker.cadence import interval_steps, snapshot_interval_steps
+from spotray.worker.cadence import interval_steps, snapshot_interval_steps, snapshot_spacing
 from tests.repo import REPO, readme_example
 
 INTERRUPTED_RUN = REPO / "tests" / "fixtures" / "ledger-interrupted"
@@ -129,8 +129,14 @@ def test_snapshots_lose_half_a_snapshot_interval_restore_from_memory_and_cost_th
         p = one(auto, nodes, "spot")
         blocking = 0.5 * 8 / nodes  # each node copies its shard, which shrinks as nodes grow
         assert planner.snapshot_time(auto, nodes) == pytest.approx(blocking)
-        assert p.snapshot_interval_steps == snapshot_interval_steps(blocking, blocking, p.step_s, 0.01 * nodes)
+        auto_steps = snapshot_interval_steps(blocking, blocking, p.step_s, 0.01 * nodes)
+        assert p.snapshot_interval_steps == snapshot_spacing(auto_steps, p.interval_steps)  # spread as a run does
     assert one(BASE, 8, "spot").snapshot_interval_steps is None and one(BASE, 8, "spot").seconds["snapshot"] == 0
+    # Checkpoints more often than snapshots' budget allows: none are taken, so a kill restores from storage.
+    often = one(replace(BASE, snapshot_s=0.5, every_steps=20), 8, "spot")
+    assert often.snapshot_interval_steps is None
+    assert often.loss_per_interruption_s == pytest.approx(one(replace(BASE, every_steps=20), 8, "spot")
+                                                          .loss_per_interruption_s)
 
 
 def test_going_on_with_the_survivors_costs_two_restarts_without_the_wait_and_the_wait_at_one_node_less():

@@ -30,12 +30,12 @@ def take(holders: list[FakeHolder], *steps: int) -> None:
     assert snapshots.off is None
 
 
-def test_the_newest_is_kept_and_restored_only_when_newer_than_every_checkpoint(holders):
+def test_the_newest_is_kept_and_restored_unless_a_checkpoint_is_newer(holders):
     take(holders, 10, 20)
     snapshots = snapshots_on(holders)
     assert [c.step for c in snapshots.committed()] == [20]  # the older one is gone once the newer committed
-    assert snapshots.newer_than(20) is None
-    newest = snapshots.newer_than(19)
+    assert snapshots.as_new_as(21) is None
+    newest = snapshots.as_new_as(20)  # a checkpoint of the same step: the snapshot holds it, and reads no storage
     box = Box(-1.0)
     assert newest is not None and snapshots.restore(newest, {"box": box}, per_rank_keys=())
     assert torch.equal(box.tensor, torch.full((64, 64), 20.0))
@@ -45,7 +45,7 @@ def test_a_node_lost_leaves_the_rings_copy(holders):
     take(holders, 10)
     holders[0].gone = True  # the writer's node; its next one holds the shard too
     snapshots = snapshots_on(holders)
-    box, newest = Box(-1.0), snapshots.newer_than(0)
+    box, newest = Box(-1.0), snapshots.as_new_as(0)
     assert newest is not None and snapshots.restore(newest, {"box": box}, per_rank_keys=())
     assert torch.equal(box.tensor, torch.full((64, 64), 10.0))
 
@@ -55,7 +55,7 @@ def test_a_snapshot_cut_short_by_a_kill_is_passed_over_without_a_warning(holders
     for holder in holders[:2]:  # the copy of step 20 was under way, its commit marker not yet written
         holder.files["run/checkpoints/step_000000020/__0_0.distcp"] = b"part of a shard"
     with caplog.at_level(logging.WARNING):
-        newest = snapshots_on(holders).newer_than(0)
+        newest = snapshots_on(holders).as_new_as(0)
     assert newest is not None and newest.step == 10
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a kill mid-copy is no news
 
@@ -70,14 +70,14 @@ def test_a_snapshot_that_does_not_read_back_whole_sends_the_restore_to_storage_i
         for holder in holders[:2]:
             holder.files[shard] = holder.files[shard][:-1] + b"x"
     snapshots = snapshots_on(holders)
-    newest = snapshots.newer_than(0)
+    newest = snapshots.as_new_as(0)
     assert newest is not None
     with caplog.at_level(logging.WARNING):
         assert not snapshots.restore(newest, {"box": Box(-1.0)}, per_rank_keys=())
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert line.startswith("the snapshot of step 10 cannot be restored (") and line.endswith(
         "): restoring from storage instead"), line
-    assert snapshots.newer_than(0) is None  # dropped
+    assert snapshots.as_new_as(0) is None  # dropped
 
 
 def test_a_node_without_room_is_left_out_of_the_ring_with_one_warning_and_the_others_hold_two_copies(caplog):
@@ -94,7 +94,7 @@ def test_a_node_without_room_is_left_out_of_the_ring_with_one_warning_and_the_ot
     shard = "run/checkpoints/step_000000020/__0_0.distcp"
     assert shard in holders[1].files and shard in holders[2].files
     holders[1].gone = True  # either copy is enough
-    newest, box = snapshots_on(holders).newer_than(0), Box(-1.0)
+    newest, box = snapshots_on(holders).as_new_as(0), Box(-1.0)
     assert newest is not None and newest.step == 20 and snapshots_on(holders).restore(newest, {"box": box}, ())
     assert torch.equal(box.tensor, torch.full((64, 64), 2.0))
 
@@ -115,4 +115,4 @@ def test_a_snapshot_that_fails_otherwise_turns_them_off_for_the_attempt_with_one
     assert ("no room" if fault == "no other node has room" else "gone") in snapshots.off
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert line.endswith("snapshots are off for this attempt; checkpoints go on")
-    assert snapshots_on(holders).newer_than(0) is None
+    assert snapshots_on(holders).as_new_as(0) is None

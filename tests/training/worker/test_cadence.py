@@ -76,12 +76,17 @@ def test_a_fixed_interval_checkpoints_at_its_multiples_and_ignores_measurements(
     assert interval.steps == 25
 
 
+NO_CHECKPOINTS = 10**9  # a checkpoint interval no snapshot interval comes near
+
+
 def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap(caplog):
     caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
-    assert [s for s in range(101, 160) if interval.due(s)] == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 160))
+    due = [s for s in range(101, 160) if interval.due(s, checkpointing=False, checkpoint_every=NO_CHECKPOINTS)]
+    assert due == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 160))
     interval.taken(150, cost_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
-    assert interval.steps == 20 and not interval.due(169) and interval.due(170)
+    assert interval.steps == 20
+    assert not interval.due(169, False, NO_CHECKPOINTS) and interval.due(170, False, NO_CHECKPOINTS)
     assert "snapshot interval: every 20 steps (was 50)" in caplog.text  # said when it changes, as a checkpoint's is
     caplog.clear()
     interval.taken(170, cost_s=0.02, whole_s=0.05, step_s=0.1)
@@ -95,7 +100,33 @@ def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_t
     assert frequent.steps == 9  # the upload takes 9 steps
     fixed = SnapshotInterval(4, 36.0, start_step=0)
     fixed.taken(4, cost_s=1.0, whole_s=1.0, step_s=0.001)
-    assert [s for s in range(1, 13) if fixed.due(s)] == [4, 8, 12]
+    assert [s for s in range(1, 13) if fixed.due(s, False, NO_CHECKPOINTS)] == [4, 8, 12]
+
+
+def snapshot_steps(interval: SnapshotInterval, checkpoint_every: int, steps: int) -> list[int]:
+    """The steps an attempt snapshots at, checkpointing at the multiples of ``checkpoint_every`` (as the loop: the
+    checkpoint first, then the snapshot, each of them a measured cost that keeps the interval)."""
+    taken = []
+    for step in range(1, steps + 1):
+        checkpointing = step % checkpoint_every == 0
+        if checkpointing:
+            interval.last_step = step
+        if interval.due(step, checkpointing, checkpoint_every):
+            taken.append(step)
+            interval.taken(step, cost_s=0.88, whole_s=0.1, step_s=1.0)
+    return taken
+
+
+def test_a_checkpoints_step_is_kept_in_memory_too_where_the_snapshot_interval_fits_in_the_checkpoints():
+    auto = SnapshotInterval("auto", 0.0, start_step=0)
+    auto.taken(0, cost_s=0.88, whole_s=0.1, step_s=1.0)
+    assert auto.steps == 44  # 0.88 s / 2 % of a 1 s step
+    # Two snapshots to each checkpoint interval of 105 steps (105 // 44), the second with the checkpoint: no more
+    # than 44 steps apart allow, and none between a checkpoint and the next snapshot closer than the interval.
+    assert snapshot_steps(auto, 105, 315) == [53, 105, 158, 210, 263, 315]
+    assert snapshot_steps(SnapshotInterval("auto", 0.0, start_step=0), 30, 300) == []  # every 30: none fit the budget
+    assert snapshot_steps(SnapshotInterval(10, 0.0, start_step=0), 25, 50) == [10, 20, 25, 30, 40, 50]
+    assert snapshot_steps(SnapshotInterval(40, 0.0, start_step=0), 25, 80) == [40, 80]  # longer: at its multiples
 
 
 def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps_that_overlap_no_write():
@@ -105,10 +136,26 @@ def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps
         slowdown.step(seconds, snapshot_copying=False, checkpoint_writing=False)
     slowdown.step(5.0, snapshot_copying=False, checkpoint_writing=True)  # a checkpoint's write: counted nowhere
     slowdown.step(2.2, snapshot_copying=True, checkpoint_writing=False)
-    slowdown.step(0.9, snapshot_copying=True, checkpoint_writing=True)  # faster than the quiet mean: nothing
     slowdown.step(1.5, snapshot_copying=True, checkpoint_writing=False)
-    assert slowdown.take() == pytest.approx(1.2 + 0.5)
-    assert slowdown.take() == 0.0
+    assert slowdown.take() == (pytest.approx(1.2 + 0.5), True)
+    assert slowdown.take() == (0.0, True)
+    slowdown.step(2.2, snapshot_copying=True, checkpoint_writing=False)
+    slowdown.step(3.0, snapshot_copying=True, checkpoint_writing=True)  # the two writes' cost cannot be told apart
+    assert slowdown.take() == (pytest.approx(1.2 + 2.0), False)  # an upper bound
+    slowdown.step(1.1, snapshot_copying=True, checkpoint_writing=False)
+    assert slowdown.take() == (pytest.approx(0.1), True)
+
+
+def test_a_cost_timed_beside_a_checkpoints_write_sets_the_interval_only_until_a_copy_is_timed_alone():
+    interval = SnapshotInterval("auto", 0.0, start_step=0)
+    interval.taken(50, cost_s=1.0, whole_s=0.1, step_s=1.0, alone=False)  # assumed: the first copy costs a step
+    assert interval.steps == 50
+    interval.taken(100, cost_s=2.0, whole_s=0.1, step_s=1.0, alone=False)  # beside a checkpoint's write
+    assert interval.steps == 100
+    interval.taken(150, cost_s=0.5, whole_s=0.1, step_s=1.0)
+    assert interval.steps == 25
+    interval.taken(175, cost_s=3.0, whole_s=0.1, step_s=1.0, alone=False)
+    assert interval.steps == 25 and interval.last_step == 175
 
 
 def test_until_a_copy_is_timed_it_counts_as_a_step_so_the_first_snapshot_waits_until_a_step_fits_the_budget():

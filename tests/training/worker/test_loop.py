@@ -7,8 +7,11 @@ import importlib
 import threading
 import time
 
+import pytest
 import torch
 
+from spotray.accounts import goodput
+from spotray.storage import resolve
 from spotray.worker import cadence, loop
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.loop import train
@@ -66,13 +69,15 @@ def test_auto_snapshots_count_the_steps_their_copy_slowed_as_their_cost(dataset_
     extras: list[float] = []
     costs: list[float] = []
 
-    def counted(slowdown: cadence.SnapshotSlowdown) -> float:
-        extras.append(take(slowdown))
-        return extras[-1]
+    def counted(slowdown: cadence.SnapshotSlowdown) -> tuple[float, bool]:
+        extra, alone = take(slowdown)
+        extras.append(extra)
+        return extra, alone
 
-    def recorded(interval: cadence.SnapshotInterval, step: int, cost_s: float, *rest: float) -> None:
+    def recorded(interval: cadence.SnapshotInterval, step: int, cost_s: float, whole_s: float, step_s: float,
+                 alone: bool = True) -> None:
         costs.append(cost_s)
-        taken(interval, step, cost_s, *rest)
+        taken(interval, step, cost_s, whole_s, step_s, alone=alone)
 
     monkeypatch.setattr(loop._StepRunner, "__call__", slowed)
     monkeypatch.setattr(cadence.SnapshotSlowdown, "take", counted)
@@ -87,6 +92,42 @@ def test_auto_snapshots_count_the_steps_their_copy_slowed_as_their_cost(dataset_
     slowed_most = max(range(len(extras)), key=extras.__getitem__)
     assert extras[0] == 0 and extras[slowed_most] > 0.9, extras  # the first snapshot has no copy before it to count
     assert costs[slowed_most] > extras[slowed_most], (costs, extras)
+
+
+STEP_6_SNAPSHOT = "run/checkpoints/step_000000006/COMMITTED.json"
+
+
+def test_a_kill_just_after_a_checkpoint_resumes_from_the_snapshot_of_its_step_bitwise(dataset_url, tmp_path,
+                                                                                     monkeypatch):
+    """A checkpoint every 6 steps, a snapshot every 4: step 6's state goes to memory too, so the attempt killed at
+    step 7 is resumed from it by the next, reading nothing from storage."""
+    straight = train(make_config(dataset_url, str(tmp_path / "straight"), "kill", "scaling.num_workers=1",
+                                 "train.max_steps=8", "snapshot.every_steps=0"),
+                     WorkerEnv(0, 1, torch.device("cpu"), lambda _: None))
+    step = loop._StepRunner.__call__
+    steps: list[int] = []
+
+    def killed_at_7(runner, batch):
+        steps.append(len(steps) + 1)
+        if len(steps) == 7:
+            deadline = time.time() + 60
+            while STEP_6_SNAPSHOT not in holder.files and time.time() < deadline:  # its copy runs in the background
+                time.sleep(0.05)
+            raise RuntimeError("the node is gone")
+        return step(runner, batch)
+
+    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "kill", "scaling.num_workers=1", "train.max_steps=8",
+                      "checkpoint.every_steps=6", "snapshot.every_steps=4")
+    holder = FakeHolder("n0")
+    env = WorkerEnv(0, 1, torch.device("cpu"), lambda _: None, snapshot_root=snapshot_location([holder]))
+    monkeypatch.setattr(loop._StepRunner, "__call__", killed_at_7)
+    with pytest.raises(RuntimeError, match="the node is gone"):
+        train(cfg, env)
+    monkeypatch.setattr(loop._StepRunner, "__call__", step)
+    resumed = train(cfg, env)
+    second = goodput.attempt_records(resolve(str(tmp_path / "ckpt")).child("kill", "attempts"))[1]
+    assert second.status_of("snapshot_restore_s") > 0 and second.status_of("restore_s") == 0
+    assert resumed["param_sha256"] == straight["param_sha256"]
 
 
 def test_a_checkpoint_commits_only_once_the_records_of_its_steps_are_in_storage(dataset_url, tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ The model, per size of N nodes (first order; every figure is an expectation, not
   with a notice long enough for an emergency checkpoint: those lose one whole save instead of the steps.
 - In-memory snapshots (``snapshot_s`` on ``step_nodes``, each blocking training that long, x step_nodes / N on N
   nodes as each node's shard shrinks; every ``snapshot_every_steps`` or what ``snapshot.every_steps: auto``
-  chooses): an interruption without notice loses half a snapshot interval instead of
+  chooses, spread over each checkpoint interval, none where it is longer): an interruption without notice loses half a
+  snapshot interval instead of
   half a checkpoint interval, and restores from the surviving nodes' memory (its time is in the restart's start-up),
   not from storage. Checkpoints keep their own interval: they cover the losses snapshots do not (the head, two nodes
   at once), which are not modelled.
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from spotray.errors import SpotrayError
-from spotray.worker.cadence import interval_steps, snapshot_interval_steps
+from spotray.worker.cadence import interval_steps, snapshot_interval_steps, snapshot_spacing
 
 CAPACITIES = ("spot", "on-demand")
 # Defaults from BENCHMARKS.md, GPT-2 124M shape (1025 MB of params + AdamW state), cpu-2c, local dir:
@@ -331,7 +332,7 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
         else:
             checkpoints = interval_steps(blocking, save, step_s, rate_per_hour, steps) if rate_per_hour > 0 else steps
         return _Intervals(checkpoints, _snapshot_interval(snapshot_s, inputs.snapshot_every_steps, step_s,
-                                                          rate_per_hour, steps))
+                                                          rate_per_hour, steps, checkpoints))
 
     def loss(interval: _Intervals) -> float:
         if interval.snapshots is None:
@@ -404,14 +405,16 @@ class _Intervals(NamedTuple):
 
 
 def _snapshot_interval(snapshot_s: float | None, every_steps: int | None, step_s: float, rate_per_hour: float,
-                       steps: int) -> int | None:
+                       steps: int, checkpoints: int) -> int | None:
     """Steps between snapshots: ``every_steps``, else what ``snapshot.every_steps: auto`` chooses at the run's
-    interruption rate; None: off."""
+    interruption rate, spread over each interval of ``checkpoints`` steps; None: off, or none fit between
+    checkpoints."""
     if snapshot_s is None:
         return None
     if every_steps is not None:
         return min(every_steps, steps)
-    return min(snapshot_interval_steps(snapshot_s, snapshot_s, step_s, rate_per_hour), steps)
+    return snapshot_spacing(min(snapshot_interval_steps(snapshot_s, snapshot_s, step_s, rate_per_hour), steps),
+                            checkpoints)
 
 
 def _warm_spare(inputs: Inputs, nodes: int, spares: int, price: float | None, spare_price: float | None,

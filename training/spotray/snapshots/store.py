@@ -1,7 +1,7 @@
 """In-memory snapshots: checkpoints (the same DCP files, commit marker and checksums, so the same rule that a
 partial or damaged one is never restored) whose store is the holders' memory on the run's nodes instead of storage.
-They are taken in the background between checkpoints; after a kill the next attempt restores the newest one that is
-newer than the newest committed checkpoint, reading nothing from storage."""
+They are taken in the background between checkpoints and with them; after a kill the next attempt restores the newest
+one unless a committed checkpoint is newer, reading nothing from storage."""
 
 from __future__ import annotations
 
@@ -56,10 +56,11 @@ class Snapshots(Checkpointer):
         """Each node's bytes held for the run's snapshots, and the most it may hold."""
         return holder_usage(self.root)
 
-    def newer_than(self, step: int) -> CommittedCheckpoint | None:
-        """The newest committed snapshot above ``step`` (the newest checkpoint's): the one a restore takes."""
+    def as_new_as(self, step: int) -> CommittedCheckpoint | None:
+        """The newest committed snapshot at ``step`` (the newest checkpoint's) or later: the one a restore takes. At
+        the checkpoint's own step it holds the same state, and reads nothing from storage."""
         newest = self.committed()[:1]
-        return newest[0] if newest and newest[0].step > step and newest[0].damage is None else None
+        return newest[0] if newest and newest[0].step >= step and newest[0].damage is None else None
 
     def restore(self, snapshot: CommittedCheckpoint, state: dict, per_rank_keys: tuple[str, ...]) -> bool:
         """Loads ``snapshot`` into ``state``; False where it cannot be read whole (a node holding both copies of a

@@ -104,26 +104,45 @@ def snapshot_interval_steps(cost_s: float, whole_s: float, step_s: float, interr
     return max(1, math.ceil(seconds / step_s))
 
 
+def snapshot_spacing(snapshot_steps: int, checkpoint_steps: int) -> int | None:
+    """Steps between ``auto``'s snapshots: ``snapshot_steps`` stretched so that a whole number of them fills each
+    checkpoint interval, the last with its checkpoint, never more of them than the interval allows; None where it does
+    not fit in a checkpoint interval (the checkpoints come more often than the budget allows snapshots)."""
+    if snapshot_steps > checkpoint_steps:
+        return None
+    return math.ceil(checkpoint_steps / (checkpoint_steps // snapshot_steps))
+
+
 class SnapshotInterval:
-    """Whether a step is due for a snapshot. Fixed: every multiple of ``every_steps``. ``auto``: once
-    ``snapshot_interval_steps`` have passed since the last."""
+    """Whether a step is due for a snapshot. Fixed: every multiple of ``every_steps``. ``auto``: the interval
+    ``snapshot_interval_steps`` gives, spread evenly over each checkpoint interval it fits in, no more snapshots than
+    it allows. Either way a checkpoint's step is also kept in memory wherever the interval fits in the checkpoints', so
+    that a kill just after a checkpoint reads nothing from storage either."""
 
     def __init__(self, every_steps: int | str, interruptions_per_hour: float, start_step: int):
         self.auto = every_steps == AUTO
         self.steps = UNMEASURED_SNAPSHOT_STEPS if self.auto else int(every_steps)
         self.interruptions_per_hour, self.last_step = interruptions_per_hour, start_step
+        self.timed_alone = False  # a copy's cost has been timed with no checkpoint's write beside it
 
-    def due(self, step: int) -> bool:
-        if self.auto:
-            return step - self.last_step >= self.steps
-        return step % self.steps == 0
+    def due(self, step: int, checkpointing: bool, checkpoint_every: int) -> bool:
+        """``checkpointing``: ``step`` is saved to storage too; ``checkpoint_every``: the checkpoint interval."""
+        if checkpointing:
+            return self.steps <= checkpoint_every
+        if not self.auto:
+            return step % self.steps == 0
+        spacing = snapshot_spacing(self.steps, checkpoint_every)
+        return spacing is not None and step - self.last_step >= spacing
 
-    def taken(self, step: int, cost_s: float, whole_s: float, step_s: float) -> None:
+    def taken(self, step: int, cost_s: float, whole_s: float, step_s: float, alone: bool = True) -> None:
         """A snapshot (or a checkpoint, which holds the same state) at ``step`` cost training ``cost_s`` and took
-        ``whole_s`` end to end; the same values on every rank."""
+        ``whole_s`` end to end; the same values on every rank. ``alone``: False where the cost is not the copy's
+        alone (assumed, before a copy is timed; or timed beside a checkpoint's write, so an upper bound): such a cost
+        sets the interval only until one is timed alone."""
         self.last_step = step
-        if not self.auto or step_s <= 0:
+        if not self.auto or step_s <= 0 or self.timed_alone and not alone:
             return
+        self.timed_alone = self.timed_alone or alone
         steps = snapshot_interval_steps(cost_s, whole_s, step_s, self.interruptions_per_hour)
         if steps != self.steps:
             log.info("snapshot interval: every %d steps (was %d): a snapshot costs training %.3f s and takes %.3f s, "
@@ -135,21 +154,26 @@ class SnapshotInterval:
 class SnapshotSlowdown:
     """What a snapshot's background copy costs the steps it overlaps: each such step counts the seconds it took beyond
     the mean of the steps that overlapped no background write (a checkpoint's neither: those count for neither). The
-    copy shares the CPUs and the interpreter lock with training: on a 2-core node it slowed one step by 1.2 s."""
+    copy shares the CPUs and the interpreter lock with training: on a 2-core node it slowed one step by 1.2 s. A copy
+    that overlapped a checkpoint's write cannot be told apart from it: its steps' extra time is the two writes'."""
 
     def __init__(self):
         self.quiet_steps, self.quiet_s, self.extra_s = 0, 0.0, 0.0
+        self.with_checkpoint = False
 
     def step(self, seconds: float, snapshot_copying: bool, checkpoint_writing: bool) -> None:
         if snapshot_copying:
+            self.with_checkpoint = self.with_checkpoint or checkpoint_writing
             self.extra_s += max(0.0, seconds - self.quiet_s / self.quiet_steps) if self.quiet_steps else 0.0
         elif not checkpoint_writing:
             self.quiet_steps, self.quiet_s = self.quiet_steps + 1, self.quiet_s + seconds
 
-    def take(self) -> float:
-        """The extra seconds counted since the last take."""
-        extra, self.extra_s = self.extra_s, 0.0
-        return extra
+    def take(self) -> tuple[float, bool]:
+        """The extra seconds counted since the last take, and whether they are the copy's alone (no checkpoint's write
+        overlapped it)."""
+        taken = self.extra_s, not self.with_checkpoint
+        self.extra_s, self.with_checkpoint = 0.0, False
+        return taken
 
 
 class PreemptionChecks:

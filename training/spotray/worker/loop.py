@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, env: WorkerEnv) -> dict:
     snapshots = (Snapshots(env.snapshot_root, rank=env.rank, world_size=env.world_size, attempt_id=attempt_id)
                  if env.snapshot_root is not None else None)
     candidates = checkpointer.committed()
-    snapshot = snapshots.newer_than(candidates[0].step if candidates else 0) if snapshots else None
+    snapshot = snapshots.as_new_as(candidates[0].step if candidates else 0) if snapshots else None
     prefetch = RestorePrefetch(candidates[0]) if candidates and snapshot is None else None  # downloads meanwhile
     compile_cache = CompileCache(root, cfg, env) if cfg.train.compile else None
     if compile_cache is not None:
@@ -315,7 +315,7 @@ def _restore(cfg: TrainConfig, env: WorkerEnv, parts: TrainingParts, checkpointe
              snapshots: Snapshots | None, snapshot: CommittedCheckpoint | None,
              candidates: list[CommittedCheckpoint], prefetch: RestorePrefetch | None
              ) -> tuple[TrainingParts, CommittedCheckpoint | None]:
-    """The newest state of the run's lineage into ``parts``: ``snapshot`` (newer than every checkpoint) where it
+    """The newest state of the run's lineage into ``parts``: ``snapshot`` (as new as every checkpoint) where it
     reads back whole, else the newest committed checkpoint that does. Returns the parts and what they hold."""
     if snapshots is not None and snapshot is not None:
         if snapshots.restore(snapshot, parts.state, per_rank_keys=("rng",)):
@@ -421,10 +421,10 @@ class _StepLoop:
             saving = self.cadence.save_due(step, self.checkpointer.retry_due(step))
             if self._eval_due(step, saving):
                 self._evaluate(step)
-            snapshotting = not saving and self._snapshot_due(step)
+            snapshotting = self._snapshot_due(step, saving)
             if saving:
                 self._checkpoint(step)
-            elif snapshotting:
+            if snapshotting:
                 self._snapshot(step)
             if (saving or snapshotting) and self.grow_back is not None and self.grow_back.due():
                 self._grow_back(step, self.checkpointer if saving else self.snapshots)
@@ -496,9 +496,9 @@ class _StepLoop:
         if committed:
             self.env.report({"step": committed.step})
 
-    def _snapshot_due(self, step: int) -> bool:
+    def _snapshot_due(self, step: int, saving: bool) -> bool:
         return (self.snapshots is not None and self.snapshots.off is None and step < self.last_step
-                and self.snapshot_interval.due(step))
+                and self.snapshot_interval.due(step, saving, self.cadence.interval.steps))
 
     def _snapshot(self, step: int) -> None:
         assert self.snapshots is not None  # _snapshot_due
@@ -509,11 +509,15 @@ class _StepLoop:
         held = (previous.step, self.snapshots.usage()) if previous is not None and self.env.rank == 0 else None
         self.telemetry.snapshot(blocked, held)
         # What it costs: its blocking part, and the steps the last one's copy slowed (this one's is not over yet).
+        slowed, alone = self.snapshot_slowdown.take()
         step_s = self._mean_step_s()
-        cost = snapshot_cost_s(blocked, self.snapshot_slowdown.take(), step_s, copy_timed=previous is not None)
-        measured = (cost, self.snapshots.last_save_s or blocked, step_s)
-        self.snapshot_interval.taken(step, *(slowest_rank(measured, self.env.device) if self.snapshot_interval.auto
-                                             else measured))
+        cost = snapshot_cost_s(blocked, slowed, step_s, copy_timed=previous is not None)
+        # The slowest rank's figures; timed alone only where the copy was on every rank.
+        measured = [cost, self.snapshots.last_save_s or blocked, step_s, float(previous is None or not alone)]
+        if self.snapshot_interval.auto:
+            measured = slowest_rank(tuple(measured), self.env.device)
+        cost, whole_s, step_s, not_alone = measured
+        self.snapshot_interval.taken(step, cost, whole_s, step_s, alone=not not_alone)
 
     def _grow_back(self, step: int, store: Checkpointer | None) -> None:
         """Ends the attempt once ``step`` (just saved to ``store``) is committed: the whole group restarts from it
