@@ -82,7 +82,7 @@ NO_CHECKPOINTS = 10**9  # a checkpoint interval no snapshot interval comes near
 def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_two_percent_and_never_overlap(caplog):
     caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = SnapshotInterval("auto", 36.0, start_step=100)  # one interruption every 100 s
-    due = [s for s in range(101, 160) if interval.due(s, checkpointing=False, checkpoint_every=NO_CHECKPOINTS)]
+    due = [s for s in range(101, 160) if interval.due(s, at_checkpoint_interval=False, checkpoint_every=NO_CHECKPOINTS)]
     assert due == list(range(100 + UNMEASURED_SNAPSHOT_STEPS, 160))
     interval.taken(150, cost_s=0.02, whole_s=0.05, step_s=0.1)  # Young–Daly: sqrt(2 x 0.02 x 100) = 2 s
     assert interval.steps == 20
@@ -104,14 +104,11 @@ def test_snapshots_under_auto_follow_young_daly_keep_their_blocking_time_under_t
 
 
 def snapshot_steps(interval: SnapshotInterval, checkpoint_every: int, steps: int) -> list[int]:
-    """The steps an attempt snapshots at, checkpointing at the multiples of ``checkpoint_every`` (as the loop: the
-    checkpoint first, then the snapshot, each of them a measured cost that keeps the interval)."""
+    """The steps an attempt snapshots at, checkpointing at the multiples of ``checkpoint_every``, each snapshot a
+    measured cost that keeps the interval."""
     taken = []
     for step in range(1, steps + 1):
-        checkpointing = step % checkpoint_every == 0
-        if checkpointing:
-            interval.last_step = step
-        if interval.due(step, checkpointing, checkpoint_every):
+        if interval.due(step, step % checkpoint_every == 0, checkpoint_every):
             taken.append(step)
             interval.taken(step, cost_s=0.88, whole_s=0.1, step_s=1.0)
     return taken

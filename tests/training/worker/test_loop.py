@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from spotray.accounts import goodput
+from spotray.checkpoints.dcp import Checkpointer
+from spotray.snapshots.store import Snapshots
 from spotray.storage import resolve
 from spotray.worker import cadence, loop
 from spotray.worker.attempt import WorkerEnv
@@ -128,6 +130,26 @@ def test_a_kill_just_after_a_checkpoint_resumes_from_the_snapshot_of_its_step_bi
     second = goodput.attempt_records(resolve(str(tmp_path / "ckpt")).child("kill", "attempts"))[1]
     assert second.status_of("snapshot_restore_s") > 0 and second.status_of("restore_s") == 0
     assert resumed["param_sha256"] == straight["param_sha256"]
+
+
+def test_a_snapshot_goes_with_each_checkpoint_of_the_interval_but_not_with_a_failed_saves_retries(dataset_url, tmp_path,
+                                                                                                 monkeypatch):
+    """A checkpoint every 8 steps and a snapshot every 4; saves retried at steps 9 to 11 (in an outage they come a
+    step or two apart) take no snapshot with them."""
+    snapshot_steps: list[int] = []
+    save = Snapshots.save
+
+    def recorded(snapshots: Snapshots, step: int, *args, **kwargs):
+        snapshot_steps.append(step)
+        return save(snapshots, step, *args, **kwargs)
+
+    monkeypatch.setattr(Snapshots, "save", recorded)
+    monkeypatch.setattr(Checkpointer, "retry_due", lambda _, step: step in (9, 10, 11))
+    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "retries", "scaling.num_workers=1", "train.max_steps=17",
+                      "checkpoint.every_steps=8", "snapshot.every_steps=4")
+    holders = snapshot_location([FakeHolder("n0")])
+    train(cfg, WorkerEnv(0, 1, torch.device("cpu"), lambda _: None, snapshot_root=holders))
+    assert snapshot_steps == [4, 8, 12, 16]
 
 
 def test_a_checkpoint_commits_only_once_the_records_of_its_steps_are_in_storage(dataset_url, tmp_path, monkeypatch):

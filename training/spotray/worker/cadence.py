@@ -125,9 +125,9 @@ class SnapshotInterval:
         self.interruptions_per_hour, self.last_step = interruptions_per_hour, start_step
         self.timed_alone = False  # a copy's cost has been timed with no checkpoint's write beside it
 
-    def due(self, step: int, checkpointing: bool, checkpoint_every: int) -> bool:
-        """``checkpointing``: ``step`` is saved to storage too; ``checkpoint_every``: the checkpoint interval."""
-        if checkpointing:
+    def due(self, step: int, at_checkpoint_interval: bool, checkpoint_every: int) -> bool:
+        """``at_checkpoint_interval``: ``step`` is the checkpoint interval's; ``checkpoint_every``: that interval."""
+        if at_checkpoint_interval:
             return self.steps <= checkpoint_every
         if not self.auto:
             return step % self.steps == 0
@@ -135,8 +135,8 @@ class SnapshotInterval:
         return spacing is not None and step - self.last_step >= spacing
 
     def taken(self, step: int, cost_s: float, whole_s: float, step_s: float, alone: bool = True) -> None:
-        """A snapshot (or a checkpoint, which holds the same state) at ``step`` cost training ``cost_s`` and took
-        ``whole_s`` end to end; the same values on every rank. ``alone``: False where the cost is not the copy's
+        """A snapshot at ``step`` cost training ``cost_s`` and took ``whole_s`` end to end; the same values on every
+        rank. ``alone``: False where the cost is not the copy's
         alone (assumed, before a copy is timed; or timed beside a checkpoint's write, so an upper bound): such a cost
         sets the interval only until one is timed alone."""
         self.last_step = step

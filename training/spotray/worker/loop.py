@@ -421,7 +421,7 @@ class _StepLoop:
             saving = self.cadence.save_due(step, self.checkpointer.retry_due(step))
             if self._eval_due(step, saving):
                 self._evaluate(step)
-            snapshotting = self._snapshot_due(step, saving)
+            snapshotting = self._snapshot_due(step, at_checkpoint_interval=self.cadence.interval.due(step))
             if saving:
                 self._checkpoint(step)
             if snapshotting:
@@ -492,13 +492,13 @@ class _StepLoop:
         blocked = time.perf_counter() - started
         self.telemetry.checkpoint(blocked, self.checkpointer.last_save_s)
         self.cadence.saved(step, blocked, self.checkpointer.last_save_s or blocked, self._mean_step_s())
-        self.snapshot_interval.last_step = step  # the checkpoint holds what a snapshot would
         if committed:
             self.env.report({"step": committed.step})
 
-    def _snapshot_due(self, step: int, saving: bool) -> bool:
+    def _snapshot_due(self, step: int, at_checkpoint_interval: bool) -> bool:
+        """A failed save's retry takes no snapshot with it: those come a step or two apart in an outage."""
         return (self.snapshots is not None and self.snapshots.off is None and step < self.last_step
-                and self.snapshot_interval.due(step, saving, self.cadence.interval.steps))
+                and self.snapshot_interval.due(step, at_checkpoint_interval, self.cadence.interval.steps))
 
     def _snapshot(self, step: int) -> None:
         assert self.snapshots is not None  # _snapshot_due
