@@ -136,9 +136,8 @@ class SnapshotInterval:
 
     def taken(self, step: int, cost_s: float, whole_s: float, step_s: float, alone: bool = True) -> None:
         """A snapshot at ``step`` cost training ``cost_s`` and took ``whole_s`` end to end; the same values on every
-        rank. ``alone``: False where the cost is not the copy's
-        alone (assumed, before a copy is timed; or timed beside a checkpoint's write, so an upper bound): such a cost
-        sets the interval only until one is timed alone."""
+        rank. ``alone``: False where the cost is not the copy's alone (assumed, before a copy is timed; or timed beside
+        a checkpoint's write, so an upper bound): such a cost sets the interval only until one is timed alone."""
         self.last_step = step
         if not self.auto or step_s <= 0 or self.timed_alone and not alone:
             return
