@@ -7,6 +7,7 @@ import time
 import pytest
 
 from spotray.accounts import ledger
+from spotray.errors import StorageError
 from spotray.storage import Location, resolve
 
 NUM_SAMPLES = 8  # an epoch: 4 steps of 2 ranks x 1 sample
@@ -68,23 +69,33 @@ def test_records_written_through_a_mark_do_not_wait_for_those_put_after_it(tmp_p
     assert writer.written_through(writer.mark(), timeout_s=10) and mine.read_text() == "2"
 
 
+def writes_failing_by(monkeypatch, before_write) -> list[str]:
+    """Every write calls ``before_write(writes tried so far)`` first, which may raise; a failed write is tried again
+    a minute later unless a save hurries it. Returns the names written, in order."""
+    monkeypatch.setattr(ledger, "RETRY_FIRST_S", 60.0)
+    tries: list[str] = []
+    write_text = Location.write_text
+
+    def write(self, text):
+        tries.append(self.name)
+        before_write(len(tries))
+        write_text(self, text)
+
+    monkeypatch.setattr(Location, "write_text", write)
+    return tries
+
+
 def test_a_save_waiting_for_records_has_a_write_waiting_out_its_backoff_tried_at_once_and_fails_if_that_fails(
         tmp_path, monkeypatch):
     """Storage came back while the writer rests after a failed write: a checkpoint must not fail for that, nor commit
     without the records (a kill after it would take them, and the run resumed from it would lack its steps)."""
-    from spotray.errors import StorageError
+    down = [True]
 
-    monkeypatch.setattr(ledger, "RETRY_FIRST_S", 60.0)
-    down, tries = [True], []
-    write_text = Location.write_text
-
-    def flaky(self, text):
-        tries.append(self.name)
+    def while_down(tries: int) -> None:
         if down[0]:
             raise StorageError("storage is failing")
-        write_text(self, text)
 
-    monkeypatch.setattr(Location, "write_text", flaky)
+    tries = writes_failing_by(monkeypatch, while_down)
     writer = ledger.RecordWriter()
     record = resolve(str(tmp_path / "losses.jsonl"))
     writer.put(record, "1")
@@ -97,3 +108,27 @@ def test_a_save_waiting_for_records_has_a_write_waiting_out_its_backoff_tried_at
     down[0] = False
     writer.check_written()()  # back: written now, not after the 60 s backoff
     assert record.read_text() == "1" and not writer.failing
+
+
+def test_a_write_that_fails_while_a_save_waits_is_tried_again_at_once_before_the_save_gives_up(tmp_path, monkeypatch):
+    """The records' first write fails only once the save waits for it: the save must get the same one retry at once
+    as a save that began after the failure, not fail (or wait out the backoff) for the order of the two."""
+    import threading
+
+    writing, fail_now = threading.Event(), threading.Event()
+
+    def first_fails_once_the_save_waits(tries: int) -> None:
+        if tries == 1:
+            writing.set()
+            fail_now.wait(10)
+            raise StorageError("storage is failing")
+
+    tries = writes_failing_by(monkeypatch, first_fails_once_the_save_waits)
+    writer = ledger.RecordWriter()
+    record = resolve(str(tmp_path / "losses.jsonl"))
+    writer.put(record, "1")
+    writing.wait(10)
+    threading.Timer(0.2, fail_now.set).start()  # fails while the save below waits
+    started = time.monotonic()
+    assert writer.written_through(writer.mark(), timeout_s=30)
+    assert record.read_text() == "1" and len(tries) == 2 and time.monotonic() - started < 10

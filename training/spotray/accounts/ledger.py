@@ -106,17 +106,17 @@ class RecordWriter:
 
     def written_through(self, mark: dict[str, int], timeout_s: float) -> bool:
         """Wait until every record as of ``mark`` (or a newer version of it) is written, however many are put
-        meanwhile. Gives up after ``timeout_s``, or once a write tried after this call began fails: while storage is
-        failing, the write waiting out its backoff is tried again at once."""
+        meanwhile. While storage is failing, whether before this call or from a write during it, the write waiting
+        out its backoff is tried again at once, and one more failure after that gives up; so does ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            tries = self._tries
-            if self.failing:
-                self._hurry = True
-                self._cond.notify_all()
+            hurried_at: int | None = None  # the writes tried when this call cut a backoff short
             while any(self._written.get(url, 0) < seq for url, seq in mark.items()):
+                if self.failing and hurried_at is None:
+                    hurried_at, self._hurry = self._tries, True
+                    self._cond.notify_all()
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.failing and self._tries > tries):
+                if remaining <= 0 or (self.failing and self._tries > (hurried_at or 0)):
                     return False
                 self._cond.wait(remaining)
             return True
