@@ -165,6 +165,16 @@ def test_until_a_copy_is_timed_it_counts_as_a_step_so_the_first_snapshot_waits_u
     assert interval.steps == math.ceil(young_daly_s(0.986, 3600) / 0.955) == 89  # 16 from the blocking part alone
 
 
+def test_an_attempts_first_untimed_snapshot_waits_its_steps_even_at_a_checkpoints_step():
+    """Resumed at step 100 with checkpoints every 60: the checkpoint at 120 comes 20 steps in, too soon for a copy
+    assumed to cost a step; the one at 180 is 80 steps in. Once one is taken, each checkpoint's step has one."""
+    interval = SnapshotInterval("auto", 0.0, start_step=100)
+    assert not interval.due(120, True, 60) and interval.due(180, True, 60)
+    interval.taken(180, cost_s=1.0, whole_s=0.1, step_s=1.0, alone=False)
+    assert interval.due(240, True, 60)
+    assert SnapshotInterval(10, 0.0, start_step=100).due(120, True, 60)  # a fixed interval: the user's choice
+
+
 def test_auto_starts_from_a_safe_default_and_follows_each_measured_save(caplog):
     caplog.set_level(logging.INFO, "spotray.worker.cadence")
     interval = CheckpointInterval("auto", 1.0, 10_000, start_step=120)  # resumed at step 120

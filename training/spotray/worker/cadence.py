@@ -124,11 +124,14 @@ class SnapshotInterval:
         self.steps = UNMEASURED_SNAPSHOT_STEPS if self.auto else int(every_steps)
         self.interruptions_per_hour, self.last_step = interruptions_per_hour, start_step
         self.timed_alone = False  # a copy's cost has been timed with no checkpoint's write beside it
+        self.first_taken = False  # this attempt has taken a snapshot
 
     def due(self, step: int, at_checkpoint_interval: bool, checkpoint_every: int) -> bool:
-        """``at_checkpoint_interval``: ``step`` is the checkpoint interval's; ``checkpoint_every``: that interval."""
+        """``at_checkpoint_interval``: ``step`` is the checkpoint interval's; ``checkpoint_every``: that interval.
+        Under ``auto`` an attempt's first, untimed copy waits its ``UNMEASURED_SNAPSHOT_STEPS``, at a checkpoint too."""
         if at_checkpoint_interval:
-            return self.steps <= checkpoint_every
+            held_back = self.auto and not self.first_taken and step - self.last_step < self.steps
+            return self.steps <= checkpoint_every and not held_back
         if not self.auto:
             return step % self.steps == 0
         spacing = snapshot_spacing(self.steps, checkpoint_every)
@@ -138,7 +141,7 @@ class SnapshotInterval:
         """A snapshot at ``step`` cost training ``cost_s`` and took ``whole_s`` end to end; the same values on every
         rank. ``alone``: False where the cost is not the copy's alone (assumed, before a copy is timed; or timed beside
         a checkpoint's write, so an upper bound): such a cost sets the interval only until one is timed alone."""
-        self.last_step = step
+        self.last_step, self.first_taken = step, True
         if not self.auto or step_s <= 0 or self.timed_alone and not alone:
             return
         self.timed_alone = self.timed_alone or alone
