@@ -137,6 +137,10 @@ def test_snapshots_lose_half_a_snapshot_interval_restore_from_memory_and_cost_th
     assert often.snapshot_interval_steps is None
     assert often.loss_per_interruption_s == pytest.approx(one(replace(BASE, every_steps=20), 8, "spot")
                                                           .loss_per_interruption_s)
+    # A fixed interval longer than the checkpoints': a snapshot at its multiples only, so most kills read storage.
+    rare = one(replace(BASE, snapshot_s=0.5, snapshot_every_steps=40, every_steps=20), 8, "spot")
+    assert rare.snapshot_interval_steps == 40 and rare.seconds["snapshot"] == pytest.approx(10_000 / 40 * 0.5)
+    assert rare.loss_per_interruption_s == pytest.approx(often.loss_per_interruption_s)
 
 
 def test_going_on_with_the_survivors_costs_two_restarts_without_the_wait_and_the_wait_at_one_node_less():

@@ -124,6 +124,7 @@ def test_a_checkpoints_step_is_kept_in_memory_too_where_the_snapshot_interval_fi
     assert snapshot_steps(SnapshotInterval("auto", 0.0, start_step=0), 30, 300) == []  # every 30: none fit the budget
     assert snapshot_steps(SnapshotInterval(10, 0.0, start_step=0), 25, 50) == [10, 20, 25, 30, 40, 50]
     assert snapshot_steps(SnapshotInterval(40, 0.0, start_step=0), 25, 80) == [40, 80]  # longer: at its multiples
+    assert snapshot_steps(SnapshotInterval(50, 0.0, start_step=0), 25, 100) == [50, 100]  # checkpoint steps among them
 
 
 def test_a_snapshots_copy_costs_what_the_steps_it_overlaps_take_beyond_the_steps_that_overlap_no_write():

@@ -335,7 +335,7 @@ def _plan(inputs: Inputs, nodes: int, capacity: str) -> Plan:
                                                           rate_per_hour, steps, checkpoints))
 
     def loss(interval: _Intervals) -> float:
-        if interval.snapshots is None:
+        if interval.snapshots is None or interval.snapshots > interval.checkpoints:  # most kills still read storage
             steps_lost, restored = interval.checkpoints / 2 * per_step + max(0.0, save - blocking), restore
         else:
             steps_lost, restored = min(interval.checkpoints, interval.snapshots) / 2 * per_step, 0.0
@@ -401,7 +401,7 @@ def snapshot_time(inputs: Inputs, nodes: int) -> float | None:
 
 class _Intervals(NamedTuple):
     checkpoints: int
-    snapshots: int | None  # None: off
+    snapshots: int | None  # None: off; a fixed interval longer than the checkpoints' is counted for its cost only
 
 
 def _snapshot_interval(snapshot_s: float | None, every_steps: int | None, step_s: float, rate_per_hour: float,

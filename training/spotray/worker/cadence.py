@@ -129,9 +129,8 @@ class SnapshotInterval:
     def due(self, step: int, at_checkpoint_interval: bool, checkpoint_every: int) -> bool:
         """``at_checkpoint_interval``: ``step`` is the checkpoint interval's; ``checkpoint_every``: that interval.
         Under ``auto`` an attempt's first, untimed copy waits its ``UNMEASURED_SNAPSHOT_STEPS``, at a checkpoint too."""
-        if at_checkpoint_interval:
-            held_back = self.auto and not self.first_taken and step - self.last_step < self.steps
-            return self.steps <= checkpoint_every and not held_back
+        if at_checkpoint_interval and self.steps <= checkpoint_every:
+            return not (self.auto and not self.first_taken and step - self.last_step < self.steps)
         if not self.auto:
             return step % self.steps == 0
         spacing = snapshot_spacing(self.steps, checkpoint_every)
