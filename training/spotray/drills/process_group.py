@@ -128,6 +128,7 @@ def _worker(here: _Here, call: bytes, rank: int, world_size: int, port: int, bac
             torch.cuda.set_device(device)
         try:
             dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device)
+            dist.barrier()  # every rank connected: ``fn`` runs nowhere on a group started again
         except RuntimeError:
             results.put(("rendezvous", f"rank {rank}: {traceback.format_exc().strip().splitlines()[-1]}"))
             return
