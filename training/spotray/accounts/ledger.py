@@ -112,11 +112,14 @@ class RecordWriter:
         with self._cond:
             hurried_at: int | None = None  # the writes tried when this call cut a backoff short
             while any(self._written.get(url, 0) < seq for url, seq in mark.items()):
-                if self.failing and hurried_at is None:
-                    hurried_at, self._hurry = self._tries, True
-                    self._cond.notify_all()
+                if self.failing:
+                    if hurried_at is None:
+                        hurried_at, self._hurry = self._tries, True
+                        self._cond.notify_all()
+                    elif self._tries > hurried_at:
+                        return False
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self.failing and self._tries > (hurried_at or 0)):
+                if remaining <= 0:
                     return False
                 self._cond.wait(remaining)
             return True
