@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 
+from spotray.accounts.ledger import RecordsUnwritten
 from spotray.snapshots.store import Snapshots
 from tests.training.checkpoints.test_dcp import Box
 from tests.training.snapshots.holders import FakeHolder, snapshot_location
@@ -30,8 +31,10 @@ def take(holders: list[FakeHolder], *steps: int) -> None:
     assert snapshots.off is None
 
 
-def test_the_newest_is_kept_and_restored_unless_a_checkpoint_is_newer(holders):
-    take(holders, 10, 20)
+def test_the_newest_is_kept_and_restored_unless_a_checkpoint_is_newer(holders, caplog):
+    with caplog.at_level(logging.INFO, logger="spotray"):
+        take(holders, 10, 20)
+    assert "retention: deleting snapshot step 10 (keep_last=1)" in caplog.messages  # not called a checkpoint
     snapshots = snapshots_on(holders)
     assert [c.step for c in snapshots.committed()] == [20]  # the older one is gone once the newer committed
     assert snapshots.as_new_as(21) is None
@@ -97,6 +100,31 @@ def test_a_node_without_room_is_left_out_of_the_ring_with_one_warning_and_the_ot
     newest, box = snapshots_on(holders).as_new_as(0), Box(-1.0)
     assert newest is not None and newest.step == 20 and snapshots_on(holders).restore(newest, {"box": box}, ())
     assert torch.equal(box.tensor, torch.full((64, 64), 2.0))
+
+
+def test_a_storage_outage_skips_snapshots_with_one_warning_and_they_go_on_once_it_ends(holders, caplog):
+    """A snapshot writes once the records of its steps are in storage; while they cannot be, it is skipped."""
+    snapshots, out = snapshots_on(holders), {10, 20, 40}  # the steps whose records storage cannot take
+
+    def records_first():
+        step = snapshots_taken[-1]
+
+        def written() -> None:
+            if step in out:
+                raise RecordsUnwritten("the ledger's records of its steps could not be written to storage")
+        return written
+
+    snapshots.records_first, snapshots_taken = records_first, []
+    with caplog.at_level(logging.WARNING):
+        for step in (10, 20, 30, 40, 50):
+            snapshots_taken.append(step)
+            snapshots.save(step, {"box": Box(float(step))})
+        snapshots.close()
+    assert snapshots.off is None
+    skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [line.split(" is skipped")[0] for line in skipped] == ["the snapshot of step 10", "the snapshot of step 40"]
+    assert skipped[0].endswith("snapshots go on, each skipped until storage is back")
+    assert snapshots_on(holders).as_new_as(50) is not None
 
 
 @pytest.mark.parametrize("fault", ["no other node has room", "a holder is gone"])

@@ -57,6 +57,10 @@ def attempt_file(root: Location, attempt_id: str, name: str) -> Location:
     return root.child(attempt_id, name)
 
 
+class RecordsUnwritten(OSError):
+    """A save refused because the ledger's records of its steps are not in storage (it is unreachable)."""
+
+
 class RecordWriter:
     """Writes small records (each rewritten whole) from a background thread, so that training never waits on
     storage for a log line. During an outage it retries with backoff and warns once; the newest version of each
@@ -126,13 +130,13 @@ class RecordWriter:
 
     def check_written(self) -> Callable[[], None]:
         """As a save starts: what it runs before it writes (``Checkpointer.records_first``), so that no checkpoint
-        or snapshot holds a step whose records could be lost with its node. Raises OSError where the records put
-        before the save began cannot be written."""
+        or snapshot holds a step whose records could be lost with its node. Raises RecordsUnwritten where the records
+        put before the save began cannot be written."""
         mark = self.mark()
 
         def written() -> None:
             if not self.written_through(mark, timeout_s=RECORDS_BEFORE_SAVE_S):
-                raise OSError("the ledger's records of its steps could not be written to storage")
+                raise RecordsUnwritten("the ledger's records of its steps could not be written to storage")
         return written
 
     def close(self, timeout_s: float) -> None:

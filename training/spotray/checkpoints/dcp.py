@@ -341,6 +341,7 @@ class Checkpointer:
     ranks alike."""
 
     warns_of_partial = True  # a partial save left in storage is worth a line
+    noun = "checkpoint"  # what the log calls one save
 
     def __init__(self, run_root: Location, *, rank: int, world_size: int, keep_last: int, async_save: bool = False,
                  failure_budget_s: float = 900.0, max_retry_gap: int = 50, attempt_id: str | None = None,
@@ -532,7 +533,7 @@ class Checkpointer:
         kept = retained(lineage, self.keep_last, self.keep_best)
         for old in lineage:
             if old not in kept:
-                log.info("retention: deleting checkpoint step %d (keep_last=%d%s)", old.step, self.keep_last,
+                log.info("retention: deleting %s step %d (keep_last=%d%s)", self.noun, old.step, self.keep_last,
                          ", keep_best" if self.keep_best else "")
                 old.location.delete_tree()
         with_marker = {c.step for c in listed}
@@ -793,6 +794,11 @@ def _causes(exc: BaseException) -> list[BaseException]:
         return [exc]
     errors = [exc.failures[rank][0] for rank in sorted(exc.failures)]
     return sorted(errors, key=lambda e: not isinstance(e, SpotrayError))
+
+
+def only_caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether every error behind ``exc`` (for DCP's, each failing rank's) is a ``kind``."""
+    return all(isinstance(cause, kind) for cause in _causes(exc))
 
 
 def first_line(exc: BaseException) -> str:

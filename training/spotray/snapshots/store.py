@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from spotray.checkpoints.dcp import Checkpointer, CommittedCheckpoint, all_gather_objects, first_line
+from spotray.accounts.ledger import RecordsUnwritten
+from spotray.checkpoints.dcp import Checkpointer, CommittedCheckpoint, all_gather_objects, first_line, only_caused_by
 from spotray.snapshots.memfs import holder_ring, holder_usage
 from spotray.storage import Location
 
@@ -20,10 +21,12 @@ class Snapshots(Checkpointer):
     off for the attempt, with one warning: checkpoints go on as before."""
 
     warns_of_partial = False  # a kill mid-copy leaves one: expected, and gone with the next snapshot
+    noun = "snapshot"
 
     def __init__(self, root: Location, *, rank: int, world_size: int, attempt_id: str):
         super().__init__(root, rank=rank, world_size=world_size, keep_last=1, async_save=True, attempt_id=attempt_id)
         self.off: str | None = None  # why snapshots are off for this attempt
+        self.skipping = False  # storage is out, so the records of a snapshot's steps cannot be written first
 
     def save(self, step: int, state: dict, blocking: bool = False,
              val_loss: float | None = None) -> CommittedCheckpoint | None:
@@ -36,10 +39,21 @@ class Snapshots(Checkpointer):
         saved = super().save(step, state, blocking=blocking, val_loss=val_loss)
         return saved if blocking else previous
 
+    def _succeeded(self, step: int) -> CommittedCheckpoint:
+        self.skipping = False
+        return super()._succeeded(step)
+
     def _failed(self, step: int, exc: BaseException) -> None:
-        """Every rank sees the failure at once (DCP's rule), so they agree here which nodes ran out of room: those
-        hold no snapshots from now on where others still can; otherwise snapshots are off for the attempt."""
+        """Every rank sees the failure at once (DCP's rule), so they agree here: a storage outage skips the snapshot
+        (one warning until one commits again); nodes that ran out of room hold no snapshots from now on where others
+        still can; otherwise snapshots are off for the attempt."""
         self._discard(step)
+        if only_caused_by(exc, RecordsUnwritten):
+            if self.rank == 0 and not self.skipping:
+                log.warning("the snapshot of step %d is skipped (%s): snapshots go on, each skipped until storage is "
+                            "back", step, first_line(exc))
+            self.skipping = True
+            return
         ring = holder_ring(self.root)
         full = set().union(*all_gather_objects(sorted(ring.refused), self.group)) if ring else set()
         if full and ring is not None and ring.exclude(full):
