@@ -26,7 +26,8 @@ SAVES = {"failed": [60], "committed": [80, 90, 100]}  # a save failed in the out
 
 
 def test_each_check_fails_on_what_it_guards():
-    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
+    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80,
+               "from_snapshot": True}]
     faults = [{"kind": "kill", "injected_s": 0.1}, {"kind": "outage", "injected_s": 5.0, "committed_during": [50],
                                                      "whole_during": [50]}]
     good = soak_checks(RUN, {"param_sha256": "a"}, events, faults, [(1, 100.0, 20), (1, 120.0, 30)], 4, 100, SAVES)
@@ -43,10 +44,20 @@ def test_each_check_fails_on_what_it_guards():
     assert not soak_checks(RUN, {"param_sha256": "a"}, [], faults, [], 4, 100, SAVES)["status_agrees"]
     unknown = [{**events[0], "kind": "unknown"}]
     assert not soak_checks(RUN, {"param_sha256": "a"}, unknown, faults, [], 4, 100, SAVES)["endings_from_evidence"]
+    notice = [{"kind": "notice", "injected_s": 0.1}]
+    from_storage = [{**events[0], "kind": "notice", "lost_steps": 0, "from_snapshot": False}]
+    assert not soak_checks(RUN, {"param_sha256": "a"}, from_storage, notice, [], 4, 100, SAVES)[
+        "notices_resumed_from_their_snapshot"]
+    assert all(soak_checks(RUN, {"param_sha256": "a"}, [{**events[0], "from_snapshot": False}], faults, [], 4, 100,
+                           SAVES).values())  # a checkpoint newer than the newest snapshot may commit as a node goes
     corrupt = [{"kind": "corrupt", "injected_s": 0.1, "corrupted_step": 90}]
-    resumed = [{**events[0], "resumed_from": 90}]
-    checks = soak_checks(RUN, {"param_sha256": "a"}, resumed, corrupt, [], 4, 100, SAVES)
+    before = [{**events[0], "resumed_from": 80, "from_snapshot": False}]
+    assert all(soak_checks(RUN, {"param_sha256": "a"}, before, corrupt, [], 4, 100, SAVES).values())
+    checks = soak_checks(RUN, {"param_sha256": "a"}, [{**before[0], "resumed_from": 90}], corrupt, [], 4, 100, SAVES)
     assert not checks["corrupted_checkpoint_never_resumed"]
+    outlived = [{**before[0], "from_snapshot": True}]  # both nodes went, and their snapshots with them
+    assert not soak_checks(RUN, {"param_sha256": "a"}, outlived, corrupt, [], 4, 100, SAVES)[
+        "no_snapshot_outlived_its_copies"]
     assert not soak_checks(RUN, {"param_sha256": "a"}, events, faults, [], 4, 100, {**SAVES, "committed": [80, 90]})[
         "finished"]
     gap = {**RUN, "losses": {step: loss for step, loss in LOSSES.items() if step != "37"}}
@@ -54,7 +65,8 @@ def test_each_check_fails_on_what_it_guards():
 
 
 def test_saves_must_fail_in_an_outage_what_it_lists_as_committed_be_whole_and_none_be_kept_unless_trained_again():
-    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80}]
+    events = [{"kind": "kill", "lost_steps": 10, "lost_steps_at_most": 11, "recovery_s": 30.0, "resumed_from": 80,
+               "from_snapshot": True}]
 
     def held(failed: list[int], committed_during: list[int], committed: list[int],
              whole: list[int] | None = None) -> bool:
@@ -77,7 +89,8 @@ def test_a_lost_heads_driver_must_end_in_one_line_naming_the_step_it_resumes_fro
     line = ("spotray: error: training run 'soak' lost its Ray cluster (its head stopped answering); run the same "
             "command again, on a new cluster if need be, to resume from step 40 (the full log: /runs/soak/train.log)")
     head = {"kind": "head", "injected_s": 20.0, "exit": 1, "errors": [line], "traceback": False}
-    resumed = {"kind": "kill", "lost_steps": 5, "lost_steps_at_most": 6, "recovery_s": 30.0, "resumed_from": 40}
+    resumed = {"kind": "kill", "lost_steps": 5, "lost_steps_at_most": 6, "recovery_s": 30.0, "resumed_from": 40,
+               "from_snapshot": False}
 
     def said(**changed) -> bool:
         return soak_checks(RUN, {"param_sha256": "a"}, [resumed], [{**head, **changed}], [], 4, 100, SAVES)[

@@ -1,8 +1,9 @@
 """``spotray bench soak``: one training run on a real multi-node local Ray cluster through a seeded schedule of faults,
 each kind at least once (``--minutes`` covers them and the training between them): a spot notice, a node killed
 without one, two nodes lost at once, the driver killed (the same command run again resumes), the head killed (the
-same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and a node killed and the
-newest checkpoint corrupted before the run resumes.
+same command on a new cluster resumes, as a RayJob retry does), a storage outage window, and both worker nodes killed
+and the newest checkpoint corrupted before the run resumes. The run keeps in-memory snapshots every
+``SNAPSHOT_EVERY`` steps: a notice or a kill may resume from the copy on the node left, every other fault reads storage.
 
 Fault ``i`` of ``n`` lands once the run trains again after the faults before it (one during a restart could hit a node
 that the new worker group never takes) and a checkpoint of step ``(i + 1) * gap`` is committed, newer than any that was
@@ -10,11 +11,12 @@ committed as the fault before it ended (a kill right after an outage would go ba
 run trains ``n * gap`` steps and then at least ``LAST_FAULT_STEPS`` more, so that the last fault takes effect before it
 ends. Checked and reported: the run finishes; its final parameters are bitwise those of the same run uninterrupted
 (trained on a bare process group); every sample trained exactly once; each interruption lost at most its kind's bound of
-steps; the driver's memory and open files stay within bounds while it lives; the checkpoint folder never holds more than
-``HELD_AT_MOST`` folders; ``spotray status`` counts the interruptions the harness caused; no corrupted checkpoint is
-resumed from; the driver of a lost head ends with one line, which names the step that the same command resumes from;
-saves fail in a storage outage, what storage lists as committed meanwhile is whole (a save whose commit marker landed
-though its reply was lost is), and no failed save is kept; and the loss log holds every step."""
+steps; no snapshot was restored where its copies were lost, and every notice resumed from its own; the driver's
+memory and open files stay within bounds while it lives; the checkpoint folder never holds more than ``HELD_AT_MOST``
+folders; ``spotray status`` counts the interruptions the harness caused; no corrupted checkpoint is resumed from; the
+driver of a lost head ends with one line, which names the step that the same command resumes from; saves fail in a
+storage outage, what storage lists as committed meanwhile is whole (a save whose commit marker landed though its reply
+was lost is), and no failed save is kept; and the loss log holds every step."""
 
 from __future__ import annotations
 
@@ -43,10 +45,16 @@ from spotray.storage import StorageOptions, resolve
 
 KINDS = ("notice", "kill", "two_nodes", "driver", "head", "outage", "corrupt")
 EVERY, KEEP_LAST = 10, 3  # checkpoint interval (steps) and retention
-# The most steps a fault may cost: a notice checkpoints where it lands; a kill goes back to the last periodic
-# checkpoint; a corrupted newest one to the one before it; an outage restarts nothing.
-LOST_AT_MOST = {"notice": 0, "kill": EVERY, "two_nodes": EVERY, "driver": EVERY, "head": EVERY,
+SNAPSHOT_EVERY = 5
+# The most steps a fault may cost: a notice snapshots where it lands; a kill goes back to the newest whole snapshot (the
+# one after it may be copying); a fault that takes every copy to the last periodic checkpoint, and a corrupted newest
+# one to the one before it; an outage restarts nothing.
+LOST_AT_MOST = {"notice": 0, "kill": 2 * SNAPSHOT_EVERY, "two_nodes": EVERY, "driver": EVERY, "head": EVERY,
                 "corrupt": 2 * EVERY, "outage": 0}
+# Where a snapshot survives the fault: the other worker node holds a whole copy (DDP). The holders go with their nodes,
+# with a lost head, and with a driver's successor, which removes them when it starts. A kill may still resume from
+# storage: a save whose parts were written before it commits on the rank left, newer than the newest snapshot.
+COPY_SURVIVES = {"notice", "kill"}
 RESTARTS = {kind for kind in KINDS if kind != "outage"}
 # How the attempt each fault ended must be on record (``accounts.endings``): the drill's nodes are spot.
 ENDINGS = {"notice": "notice", "kill": "kill", "two_nodes": "kill", "corrupt": "kill", "driver": "driver_lost",
@@ -130,7 +138,7 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
         root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
         base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",
                 f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
-                f"checkpoint.keep_last={KEEP_LAST}", "scaling.num_workers=2",
+                f"checkpoint.keep_last={KEEP_LAST}", f"snapshot.every_steps={SNAPSHOT_EVERY}", "scaling.num_workers=2",
                 "fault_tolerance.preemption_check_every_steps=2", f"storage.endpoint_url={proxy.endpoint}"]
         faults_done: list[dict] = []
         most_held = 0
@@ -219,23 +227,21 @@ def _inject(kind: str, driver: _Driver, root, proxy: OutageProxy, clusters: Reus
     if kind == "notice":
         cluster.preempt_with_notice(workers[-1])
         cluster.add_node()
-    elif kind in ("kill", "corrupt"):
-        cluster.kill(workers[-1])
+    elif kind in ("kill", "two_nodes", "corrupt"):
+        lost = workers[-1:] if kind == "kill" else workers  # every snapshot copy with them: the restart reads storage
+        for node in lost:
+            cluster.kill(node)
         # After the kill, and long before the restart reads it: corrupted first, a checkpoint the run committed before
         # the kill would be the newest and go unread.
         corrupted = [_corrupt(_committed(root)[0])] if kind == "corrupt" else []
-        cluster.add_node()
+        for _ in lost:
+            cluster.add_node()
         if corrupted:
             # A save whose parts were all written before the kill still commits on the ranks left: it would be the
             # newest, and the one corrupted above never read.
             corrupted += [_corrupt(c) for c in _committed(root) if c.step > corrupted[0]]
             return {"kind": kind, "injected_s": round(time.time() - started, 1), "corrupted_step": corrupted[0],
                     "corrupted_later": corrupted[1:]}
-    elif kind == "two_nodes":
-        for node in workers:
-            cluster.kill(node)
-        cluster.add_node()
-        cluster.add_node()
     elif kind == "driver":
         driver.process.kill()
         driver.process.wait(timeout=60)
@@ -337,6 +343,10 @@ def soak_checks(summary: dict, straight: dict, events: list[dict], faults: list[
         "exactly_once": bool(summary["audit"]["exactly_once"]),
         "lost_steps_within_bounds": all(event["lost_steps"] <= LOST_AT_MOST[kind]
                                         for kind, event in zip(restarts, events, strict=False)),
+        "no_snapshot_outlived_its_copies": not any(event["from_snapshot"] for kind, event in
+                                                   zip(restarts, events, strict=False) if kind not in COPY_SURVIVES),
+        "notices_resumed_from_their_snapshot": all(event["from_snapshot"] for kind, event in
+                                                   zip(restarts, events, strict=False) if kind == "notice"),
         "corrupted_checkpoint_never_resumed": all(
             event["resumed_from"] < fault["corrupted_step"]
             for fault, event in zip([f for f in faults if f["kind"] in RESTARTS], events, strict=False)
