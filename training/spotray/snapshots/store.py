@@ -16,9 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class Snapshots(Checkpointer):
-    """The run's snapshots for one attempt (every rank has one): the newest is kept, each saved asynchronously. A
-    node without room for one is left out of the ring, with one warning; a snapshot that fails otherwise turns them
-    off for the attempt, with one warning: checkpoints go on as before."""
+    """The run's snapshots for one attempt (every rank has one): the newest is kept, each saved asynchronously. In a
+    storage outage each is skipped; a node without room for one is left out of the ring; a snapshot that fails
+    otherwise turns them off for the attempt. Each with one warning: checkpoints go on as before."""
 
     warns_of_partial = False  # a kill mid-copy leaves one: expected, and gone with the next snapshot
     noun = "snapshot"
