@@ -17,14 +17,17 @@ from spotray.accounts import goodput, ledger
 from spotray.bench.soak import HEAD_LOSS_ENDS_DRIVER_S
 from spotray.drills.cluster import LocalCluster
 from spotray.drills.process_group import train_on_process_group
+from spotray.formats import step_count
 from spotray.storage import resolve
 from tests.drills.test_preemption import (
+    MAX_STEPS,
     attempts_and_last_steps,
     drill_settings,
     finish,
     run_drill,
     start_training,
     wait_for_checkpoint,
+    wait_until,
 )
 
 pytestmark = pytest.mark.cluster
@@ -164,6 +167,42 @@ def test_a_corrupted_snapshot_is_never_restored(three_workers, dataset_url, tmp_
     reason = console.split(FELL_BACK)[-1].split("\n")[0]
     assert console.count(FELL_BACK) == 1 and "is corrupted" in reason, console[-3000:]
 
+
+def test_a_node_lost_while_the_run_restarts_costs_one_more_restart_and_no_copy_of_it_is_restored(cluster, dataset_url,
+                                                                                                   tmp_path):
+    """DDP on 2 workers, a snapshot every 3 steps: a node is killed, and the other, which holds the only copy left,
+    is killed as soon as the next attempt has started (restoring that copy, or a step or two past it). The third
+    attempt resumes from storage, or from a snapshot the second took on its own nodes; both kills are on record, the
+    driver's lines count the steps as `spotray status` does, and the run ends bitwise equal to an uninterrupted one,
+    every sample trained once."""
+    driver = start_training(dataset_url, tmp_path, cluster, f"snapshot.every_steps={SNAPSHOT_EVERY}")
+    past_the_checkpoint(tmp_path)
+    first, second = [node for node in cluster.nodes[1:] if node.alive]
+    attempts = resolve(f"{tmp_path}/ckpt").child("drill", "attempts")
+    cluster.kill(second)
+    cluster.add_node(wait=False)
+    wait_until(lambda: len(ledger.read_attempts(attempts)) == 2, "the second attempt", tmp_path, driver)
+    cluster.kill(first)
+    cluster.add_node()
+    summary = finish(driver, tmp_path)
+    assert summary["final_step"] == MAX_STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    events = summary["events"]
+    assert [e["kind"] for e in events] == ["kill", "kill"], events
+    second_from, third_from = events[0]["resumed_from"], events[1]["resumed_from"]
+    assert events[0]["from_snapshot"] and second_from > CHECKPOINT_EVERY, events
+    # Where the second attempt took no snapshot of its own before the kill: storage.
+    assert (third_from == CHECKPOINT_EVERY and not events[1]["from_snapshot"]) or third_from > second_from, events
+    console = (tmp_path / "driver.log").read_text()
+    for event in events:
+        assert f"SPOT INTERRUPTION without notice at step {event['step']}:" in console, console[-3000:]
+    lost = events[1]
+    said = f"{step_count(lost['lost_steps'])} lost" + ("" if lost["lost_steps_at_most"] == lost["lost_steps"] else
+                                                        f" by the records, at most {lost['lost_steps_at_most']}")
+    assert any(line.startswith("spotray: RESUMED from") and line.endswith(said) for line in console.splitlines()), \
+        console[-3000:]
+    straight = train_on_process_group(config.load(None, drill_settings(dataset_url, str(tmp_path / "straight"))
+                                                  ).to_dict(), 2)
+    assert summary["param_sha256"] == straight["param_sha256"]
 
 
 def test_the_head_lost_takes_every_snapshot_and_the_same_command_on_a_new_cluster_resumes_from_storage(

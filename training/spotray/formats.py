@@ -11,6 +11,11 @@ def step_of(step: int, total: int | None) -> str:
     return f"{step}/{total}" if total else str(step)
 
 
+def step_count(count: int) -> str:
+    """``1 step``, ``3 steps``."""
+    return f"{count} step{'' if count == 1 else 's'}"
+
+
 def workers(count: int) -> str:
     """``1 worker``, ``3 workers``."""
     return f"{count} worker{'' if count == 1 else 's'}"

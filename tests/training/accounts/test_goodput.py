@@ -149,6 +149,28 @@ def test_driver_prints_one_line_per_interruption_and_recovery(tmp_path):
     ]
 
 
+def test_the_drivers_lines_count_an_ended_attempts_steps_from_its_records_as_status_does(tmp_path):
+    """A kill between the two writes of a step leaves its record in storage and the status one log interval behind:
+    the driver's lines say what `spotray status` says, from the records."""
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    write_attempt(root, "a", 0, 71, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1110.0, "step": 70,
+                                     "log_every": 1})
+    endings.record(root, "a", endings.KILL, "node ray-a (spot) lost: Ray says UNEXPECTED_TERMINATION")
+    write_attempt(root, "b", 70, 100, {"entered_at": 1115.0, "first_step_at": 1120.0, "last_seen": 1200.0,
+                                       "step": 100})
+    monitor.poll()
+    lines = [line for line in stream.getvalue().splitlines() if not line.startswith("spotray: step ")]
+    assert lines == [
+        "spotray: SPOT INTERRUPTION without notice at step 71: spot node lost without notice (node ray-a (spot) "
+        "lost: Ray says UNEXPECTED_TERMINATION)",
+        "spotray: RESUMED from step 70 on 2 workers, 10.0s after the interruption, 1 step lost by the records, at "
+        "most 2"]
+    [event] = goodput.account(root).events
+    assert (event.step, event.lost_steps, event.lost_steps_at_most) == (71, 1, 2)
+
+
 @pytest.mark.parametrize(("grown_to", "why"), [(4, "capacity for the whole group was back"),
                                               (3, "room for more workers was back (growing to 4 once all fit)")])
 def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interruption(tmp_path, grown_to, why):

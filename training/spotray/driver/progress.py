@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from spotray.accounts import endings, goodput, ledger
 from spotray.errors import SpotrayError
-from spotray.formats import clock, step_of, workers
+from spotray.formats import clock, step_count, step_of, workers
 from spotray.storage import Location
 
 if TYPE_CHECKING:
@@ -121,9 +121,9 @@ class ProgressMonitor:
         if notice and self._once(attempt_id, "notice"):
             outcome = (_EMERGENCY_SAVES[notice.get("kept_in", "checkpoint")] if notice["committed"] else
                        "no emergency checkpoint: the restart resumes from the last committed one")
-            self._event(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
+            self._say(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
         if notice and status.get("moved_at") and self._once(attempt_id, "moved"):
-            self._event(f"MOVING ON from step {notice['step']}: the workers go on without the node, "
+            self._say(f"MOVING ON from step {notice['step']}: the workers go on without the node, "
                         f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for it to go")
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
@@ -132,32 +132,40 @@ class ProgressMonitor:
         evidence came), and one for how ``cur`` went on."""
         if {(prev.attempt_id, "ended"), (cur.attempt_id, "resumed")} <= self._announced:
             return
-        record = replace(goodput.attempt_record(self.root, prev, steps=False, status=False), status=prev_status)
-        event = goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
+        event = self._event(prev, prev_status, cur, cur_status, steps=False)
         first_step_at = (cur_status or {}).get("first_step_at")
         # The survivors may train again before Ray has marked the lost node dead: the why has a while to come, and
         # replaces the driver's start again.
         evidence_over = first_step_at is not None and time.time() - first_step_at >= EVIDENCE_WAIT_S
         provisional = event.kind in (endings.UNKNOWN, endings.RESTARTED)
         if (not provisional or evidence_over) and self._once(prev.attempt_id, "ended"):
-            line = _ending_line(event)
+            line = _ending_line(self._event(prev, prev_status, cur, cur_status))
             if line:
-                self._event(line)
+                self._say(line)
         if (not first_step_at or (prev.attempt_id, "ended") not in self._announced
                 or not self._once(cur.attempt_id, "resumed")):
             return
+        event = self._event(prev, prev_status, cur, cur_status)
         if event.recovery_s is None:  # a stop or a finish, then a rerun: the run was not interrupted
-            self._event(f"CONTINUING from step {event.resumed_from} on {workers(cur.world_size)}, {_lost(event)}")
+            self._say(f"CONTINUING from step {event.resumed_from} on {workers(cur.world_size)}, {_lost(event)}")
         elif event.kind == endings.RESIZE:
-            self._event(f"GREW to {workers(cur.world_size)} from {_resumed(event)}: {_room(cur)}; "
-                        f"{event.recovery_s:.1f}s from the last step, {_lost(event)}")
+            self._say(f"GREW to {workers(cur.world_size)} from {_resumed(event)}: {_room(cur)}; "
+                      f"{event.recovery_s:.1f}s from the last step, {_lost(event)}")
         elif cur.world_size < prev.world_size:
-            self._event(f"SHRUNK to {workers(cur.world_size)} from {_resumed(event)}: going on without the lost "
-                        f"node's workers; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
-                        "growing back when capacity returns")
+            self._say(f"SHRUNK to {workers(cur.world_size)} from {_resumed(event)}: going on without the lost "
+                      f"node's workers; {event.recovery_s:.1f}s after the interruption, {_lost(event)}; "
+                      "growing back when capacity returns")
         else:
-            self._event(f"RESUMED from {_resumed(event)} on {workers(cur.world_size)}, "
-                        f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
+            self._say(f"RESUMED from {_resumed(event)} on {workers(cur.world_size)}, "
+                      f"{event.recovery_s:.1f}s after the interruption, {_lost(event)}")
+
+    def _event(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
+               cur_status: dict | None, steps: bool = True) -> goodput.Event:
+        """How ``prev`` ended and ``cur`` went on; ``steps``: from ``prev``'s step records, as `spotray status` counts
+        (its status may be a log interval behind them: a kill can land between the two writes), read for a line
+        about to be said, not at every poll."""
+        record = replace(goodput.attempt_record(self.root, prev, steps=steps, status=False), status=prev_status)
+        return goodput.interruption(record, goodput.AttemptRecord(cur, cur_status, {}))
 
     def _capacity(self) -> None:
         """A wait ends when the group is placed; between Ray Train's tries to place it there may be no group."""
@@ -174,7 +182,7 @@ class ProgressMonitor:
         self._waiting_since = self._waiting_since or now
         if not self._waiting_said and now - self._waiting_since >= WAITING_AFTER_S:
             self._waiting_said = True
-            self._event(f"WAITING for capacity: {placement.waiting_for}; training goes on when nodes join")
+            self._say(f"WAITING for capacity: {placement.waiting_for}; training goes on when nodes join")
 
     def _once(self, attempt_id: str, what: str) -> bool:
         key = (attempt_id, what)
@@ -183,7 +191,7 @@ class ProgressMonitor:
         self._announced.add(key)
         return True
 
-    def _event(self, text: str) -> None:
+    def _say(self, text: str) -> None:
         self.stream.write(("\r\033[K" if self.tty else "") + f"spotray: {text}\n")
         if self.tty:
             self._last_line = ""  # the event's line took the progress line's place: draw it again
@@ -236,5 +244,5 @@ def _room(grown: ledger.AttemptInfo) -> str:
 def _lost(event: goodput.Event) -> str:
     """Lost steps as counted, and their bound where the count may miss unwritten records."""
     if event.lost_steps_at_most == event.lost_steps:
-        return f"{event.lost_steps} steps lost"
-    return f"{event.lost_steps} steps lost by the records, at most {event.lost_steps_at_most}"
+        return f"{step_count(event.lost_steps)} lost"
+    return f"{step_count(event.lost_steps)} lost by the records, at most {event.lost_steps_at_most}"

@@ -19,6 +19,7 @@ from spotray.checkpoints.dcp import (
     list_set_aside,
 )
 from spotray.errors import StorageError
+from spotray.formats import step_count
 from spotray.storage import Location, StorageOptions, resolve
 from spotray.worker import memory
 
@@ -210,7 +211,7 @@ def format_text(status: dict) -> str:
         *(f"set aside    step {r['step']} in {r['url']} (unreadable: {r['reason']}; the run went on from step "
           f"{r['resumed_from']})" for r in status["set_aside"]),
         f"attempts     {len(status['attempts'])}, {status['spot_interruptions']} spot interruptions, "
-        f"{status['lost_steps']} steps lost{_at_most(status)}",
+        f"{step_count(status['lost_steps'])} lost{_at_most(status)}",
         *(f"  {_ending_text(e)}" for e in events),
         *(["  (this run's ledger predates recorded endings: its attempts' endings read as unknown)"]
           if status["endings_unrecorded"] else []),
@@ -297,7 +298,7 @@ def _ending_text(event: dict) -> str:
                    f"resumed from {goodput.resumed_point(event['resumed_from'], event['from_snapshot'])} after "
                    f"{event['recovery_s']:.1f}s")
     spot = "spot interruption, " if event["spot"] else ""
-    return (f"{event['kind']} at step {event['step']} ({spot}{event['reason']}): {event['lost_steps']} steps lost"
+    return (f"{event['kind']} at step {event['step']} ({spot}{event['reason']}): {step_count(event['lost_steps'])} lost"
             f"{_at_most(event)}, {resumed}")
 
 

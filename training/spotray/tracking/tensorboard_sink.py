@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spotray.accounts.goodput import resumed_point
 from spotray.config import TensorboardSection
+from spotray.formats import step_count
 from spotray.storage import Location
 from spotray.tracking.feed import Row
 from spotray.tracking.mirror import Mirror
@@ -37,7 +38,7 @@ class TensorboardSink:
         for event in events[new_from:]:
             recovery = "-" if event["recovery_s"] is None else f"{event['recovery_s']} s"
             self.writer.add_text("endings", f"{event['kind']} at step {event['step']} ({event['reason']}): "
-                                 f"{event['lost_steps']} steps lost, resumed from "
+                                 f"{step_count(event['lost_steps'])} lost, resumed from "
                                  f"{resumed_point(event['resumed_from'], event['from_snapshot'])} after {recovery}",
                                  event["resumed_from"])  # a step already logged: no later purge_step reaches it
 
