@@ -174,7 +174,7 @@ def test_a_node_lost_while_the_run_restarts_costs_one_more_restart_and_no_copy_o
     is killed as soon as the next attempt has started (restoring that copy, or a step or two past it). The third
     attempt resumes from storage, or from a snapshot the second took on its own nodes; both kills are on record, the
     driver's lines count the steps as `spotray status` does, and the run ends bitwise equal to an uninterrupted one,
-    every sample trained once."""
+    every sample trained once; the second attempt counts as resumed where it trained a step."""
     driver = start_training(dataset_url, tmp_path, cluster, f"snapshot.every_steps={SNAPSHOT_EVERY}")
     past_the_checkpoint(tmp_path)
     first, second = [node for node in cluster.nodes[1:] if node.alive]
@@ -190,6 +190,8 @@ def test_a_node_lost_while_the_run_restarts_costs_one_more_restart_and_no_copy_o
     assert [e["kind"] for e in events] == ["kill", "kill"], events
     second_from, third_from = events[0]["resumed_from"], events[1]["resumed_from"]
     assert events[0]["from_snapshot"] and second_from > CHECKPOINT_EVERY, events
+    (_, _), (_, second_last), _ = attempts_and_last_steps(tmp_path)
+    assert (events[0]["recovery_s"] is not None) == (second_last > second_from), events  # resumed where it trained
     # Where the second attempt took no snapshot of its own before the kill: storage.
     assert (third_from == CHECKPOINT_EVERY and not events[1]["from_snapshot"]) or third_from > second_from, events
     console = (tmp_path / "driver.log").read_text()

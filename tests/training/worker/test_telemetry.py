@@ -1,4 +1,5 @@
-"""MFU's peak lookup, how an attempt ended, and the gauges on Ray's Prometheus endpoint."""
+"""MFU's peak lookup, how an attempt ended, when its first step is on record, and the gauges on Ray's Prometheus
+endpoint."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import urllib.request
 import pytest
 import torch
 
+from spotray.accounts import goodput, ledger
 from spotray.driver import launch
+from spotray.storage import resolve
 from spotray.worker.telemetry import (
     GAUGES,
     MEMORY_GAUGE,
     TIME_GAUGE,
+    RankZeroTelemetry,
     known_peak_tflops,
     lost_peer,
     model_flops_utilization,
@@ -59,6 +63,23 @@ def scrape_spotray_gauges(port: int) -> set[str]:
 
 
 @pytest.mark.e2e
+def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path):
+    """A kill before the attempt's first log line must still find it resumed: `spotray status` and the driver measure
+    the interruption's recovery to its first step."""
+    attempts, info, writer = resolve(str(tmp_path / "attempts")), ledger.AttemptInfo("a1", 20, 2, 4), \
+        ledger.RecordWriter()
+    ledger.write_attempt(attempts, info)
+    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
+                                  tokens_per_step=512, flops_per_token=None, peak=None, run_name="r", writer=writer,
+                                  log_every=10)
+    telemetry.started(startup_s=1.0, restore_s=0.5)
+    before = time.time()
+    telemetry.step_done(0.1)
+    writer.close(timeout_s=10)
+    status = goodput.read_status(attempts, "a1")
+    assert status is not None and status["first_step_at"] >= before and status["step"] is None
+
+
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
     # priced nodes, as the demo's: the cost gauges are exported only where every node has a price
     priced = {"node": {"instance_type": "g5.xlarge", "capacity_type": "spot"},

@@ -236,7 +236,10 @@ class RankZeroTelemetry(Telemetry):
 
     def step_done(self, seconds: float) -> None:
         if self.clock.status["first_step_at"] is None:
+            # On record at once, not with the first log line: an attempt lost before that has still resumed the run,
+            # and its recovery time is the one to report.
             self.clock.update(first_step_at=time.time())
+            self.clock.flush()
         self.productive_s += seconds
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
 
