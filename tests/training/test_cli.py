@@ -164,6 +164,11 @@ def test_prepare_then_train_from_the_command_line_with_no_pulumi_in_any_process(
     (finished,) = extended["events"]
     assert (finished["kind"], finished["spot"], finished["recovery_s"]) == ("finished", False, None)
     assert extended["spot_interruptions"] == 0 and extended["time"]["paused_s"] > 0
+    done = subprocess.run([str(SPOTRAY), "train", *run, "--set", "train.max_steps=8", "--json"], capture_output=True,
+                          text=True, timeout=180, env={**image_env, "RAY_ADDRESS": ray_address})
+    assert done.returncode == 0 and json.loads(done.stdout)["final_loss"] == extended["final_loss"], done.stderr
+    assert ("spotray: run 'cli' finished at step 8 already: nothing to train (raise train.max_steps to train on)"
+            in done.stderr.splitlines()), done.stderr[-3000:]
 
 
 @pytest.mark.cluster  # starts a Ray of its own

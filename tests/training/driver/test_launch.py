@@ -5,6 +5,7 @@ failed generation alive."""
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import signal
@@ -22,7 +23,8 @@ from spotray.driver import launch
 from spotray.driver.launch import _stop_on_sigterm
 from spotray.storage import resolve
 from tests.console import assert_quiet_console
-from tests.training.runs import cli_env
+from tests.training.configs import make_config
+from tests.training.runs import cli_env, train_locally
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 
@@ -82,6 +84,37 @@ def test_a_scripts_summary_gives_the_interval_its_checkpoints_show_not_the_confi
     assert _cadence(script, kept) == 5
     assert _cadence(script, kept[:1]) is None  # one checkpoint shows no interval
     assert _cadence(config.load(None, ["checkpoint.every_steps=50", "data.path=/unused"]), kept) == 50
+
+
+def test_an_attempt_that_trains_no_step_leaves_the_runs_final_loss_as_it_was(dataset_url, tmp_path):
+    """Restarted after its last checkpoint committed (a kill before its final record, survivors that finished while Ray
+    Train replaced their lost workers), an attempt resumes at the last step and trains none: the run's final loss is
+    its history's at that step."""
+    cfg = make_config(dataset_url, str(tmp_path), "done", "train.max_steps=10")
+    first = train_locally(cfg)
+    again = train_locally(cfg)
+    assert len(ledger.read_attempts(resolve(str(tmp_path)).child("done", "attempts"))) == 2
+    assert again["final_step"] == 10 and again["final_loss"] == first["final_loss"] is not None
+
+
+def test_the_same_command_on_a_finished_run_books_no_workers_and_says_so_in_one_line(dataset_url, tmp_path,
+                                                                                    monkeypatch):
+    cfg = make_config(dataset_url, str(tmp_path), "done", "train.max_steps=10")
+    first = train_locally(cfg)
+
+    def book_workers(*_):
+        raise AssertionError("a finished run started Ray")
+
+    monkeypatch.setattr(launch, "_ensure_ray", book_workers)
+    console = io.StringIO()
+    again = launch.run(cfg, console=console)
+    assert console.getvalue() == ("spotray: run 'done' finished at step 10 already: nothing to train (raise "
+                                  "train.max_steps to train on)\n")
+    assert {key: again[key] for key in ("final_step", "final_loss", "param_sha256", "events")} == {
+        key: first[key] for key in ("final_step", "final_loss", "param_sha256", "events")}
+    stopped = make_config(dataset_url, str(tmp_path), "done", "train.max_steps=20", "train.stop_at_step=10")
+    launch.run(stopped, console=console)
+    assert console.getvalue().endswith("nothing to train (raise train.stop_at_step to train on)\n")
 
 
 @pytest.mark.parametrize(("ending", "watch_saw_it", "removes"), [

@@ -62,6 +62,12 @@ def test_an_evaluated_runs_result_line_has_its_last_val_loss_and_its_best_checkp
         "| val loss 2.8000 at step 60 (best 40: 2.7500)")
 
 
+def test_a_final_loss_the_ledger_lacks_is_said_so_not_a_traceback():
+    assert format_table({**SUMMARY, "final_loss": None}) == (
+        "goodput 87.1% | every sample exactly once: yes | final loss not recorded at step 60 | checkpoint every 20 "
+        "steps")
+
+
 def test_a_run_that_never_evaluated_keeps_its_result_line():
     expected = format_table(SUMMARY)
     assert format_table({**SUMMARY, "evals": {}, "val_loss": None, "best": None}) == expected

@@ -180,6 +180,36 @@ def test_a_fit_ray_could_not_repair_starts_again_with_the_workers_that_fit_charg
             ) in console.getvalue()
     assert (endings.read(resolve(str(tmp_path)).child("repair", "attempts"), "001") or {}).get("kind") == "restarted"
 
+def test_survivors_that_trained_to_the_end_while_ray_replaced_their_lost_workers_end_the_run(dataset_url, tmp_path,
+                                                                                              monkeypatch):
+    """A lone survivor may finish the run before Ray Train's controller fails to replace the workers lost beside it:
+    the run is done, not started again, and its finished attempt is not marked restarted."""
+    import io
+
+    outcomes = iter([launch.ReplacementFailed("the actor died"), None])
+    starts: list[launch.Start] = []
+
+    def fit(cfg, runtime_env, root, budget, start):
+        attempts = root.child("attempts")
+        starts.append(start)
+        ledger.write_attempt(attempts, ledger.AttemptInfo(f"{len(starts):03d}", 20, start.workers, 4))
+        ledger.write_final(attempts, f"{len(starts):03d}", {"final_step": 40})
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(launch, "_fit", fit)
+    monkeypatch.setattr(launch, "restart_size", lambda scaling: (1, ()))
+    monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
+    monkeypatch.setattr(launch, "summarize", lambda *_: {"finished": True})
+    cfg = make_config(dataset_url, str(tmp_path), "lone", "scaling.min_workers=1")
+    console = io.StringIO()
+    assert launch.run(cfg, console=console) == {"finished": True}
+    assert starts == [launch.Start(2)] and "failed replacing" not in console.getvalue()
+    assert endings.read(resolve(str(tmp_path)).child("lone", "attempts"), "001") is None
+
+
 BUDGET = FailureBudget("/unused", StorageOptions(), FaultToleranceSection(), "outage", 0.0)  # _fit is the fake
 START = launch.Start(2)
 

@@ -39,6 +39,7 @@ from spotray.driver.progress import ProgressMonitor
 from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, KeepOff, ShrinkOnLoss, restart_size
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
+from spotray.formats import workers
 from spotray.ray_local import start_local_ray
 from spotray.ray_nodes import drain_deadline
 from spotray.snapshots.holders import remove_holders, snapshot_root
@@ -218,6 +219,11 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     prices = price_book(cfg.cost, cfg.storage.options())
     tokens_per_step = units_per_step(cfg, task) if task else 0
     root = run_root(cfg)
+    if (done := _finished_at(cfg, root)) is not None:
+        limit = "train.stop_at_step" if cfg.train.stop_at_step else "train.max_steps"
+        (console or sys.stderr).write(f"spotray: run '{cfg.run.name}' finished at step {done} already: nothing to "
+                                      f"train (raise {limit} to train on)\n")
+        return summarize(cfg, len(task.open_dataset()) if task else 0, root)
     workers_cfg = shipped(cfg, root)  # refuses an oversized working dir before Ray starts
     runtime_env = worker_runtime_env(cfg)
     _ensure_ray(cfg, worker_logs)
@@ -264,6 +270,17 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     return summary
 
 
+def _finished_at(cfg: TrainConfig, root: Location) -> int | None:
+    """The step a run of the loop finished at, where it trained to its last step already and recorded its final
+    metrics: the same command run again books no workers for it. None where there is something to train."""
+    if cfg.script.path:  # a script's last step is its own
+        return None
+    committed = list_committed(checkpoints_root(root), warn=False)
+    last_step = cfg.train.stop_at_step or cfg.train.max_steps
+    finished = committed and committed[0].step >= last_step and ledger.read_final(root.child("attempts"))
+    return committed[0].step if finished else None
+
+
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,
                     console: TextIO | None) -> None:
     """``_fit`` until the run is done, started again after an attempt that moved on a preemption notice (on the
@@ -278,6 +295,8 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
         try:
             ended = _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget, start)
         except ReplacementFailed as exc:
+            if (newest := _newest_attempt(attempts)) and ledger.attempt_finished(attempts, newest):
+                return  # the survivors trained to the end while Ray Train was still replacing their lost workers
             _record_restarted(attempts)
             why = verdict(cfg.fault_tolerance, cfg.run.name, charges(attempts, budget.since, 0),
                           f"training run '{cfg.run.name}' failed: {exc}")
@@ -402,7 +421,7 @@ def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
     """What ``spotray train`` says first: the run, where it trains, where its checkpoints and log go."""
     scaling, root = cfg.scaling, run_root(with_absolute_paths(cfg))
     what = f"script {cfg.script.path}" if cfg.script.path else f"{cfg.train.max_steps} steps"
-    return [f"run {cfg.run.name}: {what} on {scaling.num_workers} workers "
+    return [f"run {cfg.run.name}: {what} on {workers(scaling.num_workers)} "
             f"({resources_text(scaling.worker_resources)} each, "
             f"{cfg.parallel.upper()} over {scaling.backend}); checkpoints in {checkpoints_root(root).url}",
             f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
@@ -502,7 +521,7 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
     summary = {
         "run_name": cfg.run.name,
         "final_step": final["final_step"],
-        "final_loss": final["final_loss"],
+        "final_loss": losses.get(final["final_step"], final["final_loss"]),  # an attempt may train no step
         "samples_consumed": final["samples_consumed"],
         "param_sha256": final["param_sha256"],
         "tokens_per_s": final["tokens_per_s"],
