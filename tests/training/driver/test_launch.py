@@ -103,7 +103,7 @@ def test_the_same_command_on_a_finished_run_books_no_workers_and_says_so_in_one_
     first = train_locally(cfg)
 
     def book_workers(*_):
-        raise AssertionError("a finished run started Ray")
+        raise AssertionError("Ray started")
 
     monkeypatch.setattr(launch, "_ensure_ray", book_workers)
     console = io.StringIO()
@@ -115,6 +115,12 @@ def test_the_same_command_on_a_finished_run_books_no_workers_and_says_so_in_one_
     stopped = make_config(dataset_url, str(tmp_path), "done", "train.max_steps=20", "train.stop_at_step=10")
     launch.run(stopped, console=console)
     assert console.getvalue().endswith("nothing to train (raise train.stop_at_step to train on)\n")
+    # Trained on past its final record, then lost before the next one: there is a step to finish.
+    train_locally(make_config(dataset_url, str(tmp_path), "done", "train.max_steps=20"))
+    attempts = resolve(str(tmp_path)).child("done", "attempts")
+    attempts.child(ledger.read_attempts(attempts)[-1].attempt_id, "final.json").delete_file()
+    with pytest.raises(AssertionError, match="Ray started"):
+        launch.run(cfg, console=console)
 
 
 @pytest.mark.parametrize(("ending", "watch_saw_it", "removes"), [

@@ -275,10 +275,12 @@ def _finished_at(cfg: TrainConfig, root: Location) -> int | None:
     metrics: the same command run again books no workers for it. None where there is something to train."""
     if cfg.script.path:  # a script's last step is its own
         return None
+    final = ledger.read_final(root.child("attempts"))
+    if final is None or final["final_step"] < (cfg.train.stop_at_step or cfg.train.max_steps):
+        return None
     committed = list_committed(checkpoints_root(root), warn=False)
-    last_step = cfg.train.stop_at_step or cfg.train.max_steps
-    finished = committed and committed[0].step >= last_step and ledger.read_final(root.child("attempts"))
-    return committed[0].step if finished else None
+    # Trained past it since (and lost before a final record): the workers resume there and finish it.
+    return final["final_step"] if committed and committed[0].step == final["final_step"] else None
 
 
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,

@@ -124,7 +124,7 @@ class ProgressMonitor:
             self._say(f"PREEMPTION NOTICE at step {notice['step']}: {outcome}")
         if notice and status.get("moved_at") and self._once(attempt_id, "moved"):
             self._say(f"MOVING ON from step {notice['step']}: the workers go on without the node, "
-                        f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for it to go")
+                      f"{status['moved_at'] - notice['at']:.1f}s after the notice, without waiting for it to go")
 
     def _interruption(self, prev: ledger.AttemptInfo, prev_status: dict | None, cur: ledger.AttemptInfo,
                       cur_status: dict | None) -> None:
