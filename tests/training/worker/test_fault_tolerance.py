@@ -180,6 +180,7 @@ def test_a_fit_ray_could_not_repair_starts_again_with_the_workers_that_fit_charg
             ) in console.getvalue()
     assert (endings.read(resolve(str(tmp_path)).child("repair", "attempts"), "001") or {}).get("kind") == "restarted"
 
+
 def test_survivors_that_trained_to_the_end_while_ray_replaced_their_lost_workers_end_the_run(dataset_url, tmp_path,
                                                                                               monkeypatch):
     """A lone survivor may finish the run before Ray Train's controller fails to replace the workers lost beside it:

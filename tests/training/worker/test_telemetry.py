@@ -62,7 +62,6 @@ def scrape_spotray_gauges(port: int) -> set[str]:
     return {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_spotray_")}
 
 
-@pytest.mark.e2e
 def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path):
     """A kill before the attempt's first log line must still find it resumed: `spotray status` and the driver measure
     the interruption's recovery to its first step."""
@@ -80,6 +79,7 @@ def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path)
     assert status is not None and status["first_step_at"] >= before and status["step"] is None
 
 
+@pytest.mark.e2e
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
     # priced nodes, as the demo's: the cost gauges are exported only where every node has a price
     priced = {"node": {"instance_type": "g5.xlarge", "capacity_type": "spot"},
