@@ -54,7 +54,8 @@ def past_the_checkpoint(tmp_path, timeout_s: float = 120) -> None:
         if (status.get("snapshot") or {}).get("step", 0) > CHECKPOINT_EVERY:
             return
         time.sleep(0.1)
-    pytest.fail("no snapshot past the checkpoint of step 20 committed")
+    pytest.fail(f"no snapshot past the checkpoint of step 20 committed; the newest status: {status}; driver log:\n"
+                f"{(tmp_path / 'driver.log').read_text()[-3000:]}")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
