@@ -175,3 +175,28 @@ def test_a_driver_that_cannot_record_an_ending_says_so_in_one_warning_and_goes_o
     record(resolve(str(tmp_path)))
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         f"could not record {warning}: S3 unreachable"]
+
+
+def test_a_finished_run_waits_for_rays_word_on_a_node_it_lost_in_its_last_seconds_saying_so_once(monkeypatch):
+    answers = iter([["ray-2"], ["ray-2"], []])  # the progress monitor's watch recorded the loss at the third look
+    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since: next(answers))
+    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
+    console = io.StringIO()
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, console)
+    assert next(answers, "asked no more") == "asked no more"
+    assert console.getvalue() == ("spotray: waiting up to 30s for Ray's word on the lost node(s) ray-2, to record why "
+                                  "the attempts that held them ended\n")
+
+
+def test_a_finished_run_waits_for_the_evidence_at_most_its_bound_and_past_a_storage_failure(monkeypatch, caplog):
+    monkeypatch.setattr(launch, "EVIDENCE_AT_END_S", 0.2)
+    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since: ["ray-2"])
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO())  # returns: the bound
+
+    def unreachable(attempts, since):
+        raise OSError("S3 unreachable")
+
+    monkeypatch.setattr(launch, "awaiting_evidence", unreachable)
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO())
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "could not record why the run's last attempts ended: S3 unreachable"]

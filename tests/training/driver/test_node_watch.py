@@ -4,9 +4,11 @@ the same against a real cluster's nodes (``tests/drills``)."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
+import ray
 
 from spotray.accounts import endings, ledger, node_records
 from spotray.accounts.prices import price_book
@@ -91,3 +93,38 @@ def test_on_kubernetes_a_node_never_listed_is_not_taken_for_lost(monkeypatch, ro
     held(root, "a", ["ip-10-0-9-9.ec2.internal"], time.time())  # gone before this driver listed anything
     watch_with(monkeypatch, root, {}).poll(ledger.read_attempts(root))
     assert endings.read(root, "a") is None
+
+
+def all_lost(names: set[str]) -> set[str]:
+    return names
+
+
+def test_a_finished_run_awaits_only_the_evidence_on_nodes_lost_by_its_own_ended_attempts(monkeypatch, root):
+    since = time.time()
+    held(root, "before", ["ray-0"], since - 60)  # an earlier driver's: reported then
+    held(root, "a", ["ray-1", "ray-2"], since + 1)
+    held(root, "b", ["ray-3"], since + 2)
+    endings.record(root, "b", endings.KILL, "on record")
+    held(root, "c", ["ray-4"], since + 3)  # the newest: it finished
+    assert node_watch.awaiting_evidence(root, since, all_lost) == ["ray-1", "ray-2"]
+    assert node_watch.awaiting_evidence(root, since, lambda names: names & {"ray-2"}) == ["ray-2"]
+    watch = watch_with(monkeypatch, root, {"ray-2": RayNode(False, "UNEXPECTED_TERMINATION", "spot")})
+    watch.poll(ledger.read_attempts(root))  # the progress monitor's, once Ray marked the node dead
+    assert node_watch.awaiting_evidence(root, since, all_lost) == []
+
+
+def test_lost_nodes_are_the_ones_ray_lists_dead_and_the_ones_whose_raylet_takes_no_connection(monkeypatch):
+    answering = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+
+    def node(node_id: str, alive: bool, port: int) -> dict:
+        return {"NodeID": node_id * 12, "Alive": alive, "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": port}
+
+    with answering:
+        monkeypatch.setattr(ray, "nodes", lambda: [node("a", True, answering.getsockname()[1]),
+                                                   node("b", True, closed_port), node("c", False, closed_port),
+                                                   node("e", True, closed_port)])
+        names = {node_records.ray_node_name(i * 12) for i in "abcd"}
+        assert node_watch.lost_ray_nodes(names) == {"ray-bbbbbbbbbbbb", "ray-cccccccccccc"}

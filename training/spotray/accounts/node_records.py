@@ -41,7 +41,12 @@ def this_node() -> str:
         return name
     import ray
 
-    return f"ray-{ray.get_runtime_context().get_node_id()[:12]}" if ray.is_initialized() else "local"
+    return ray_node_name(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else "local"
+
+
+def ray_node_name(node_id: str) -> str:
+    """A Ray node's name in the ledger, off Kubernetes."""
+    return f"ray-{node_id[:12]}"
 
 
 @dataclass(frozen=True)

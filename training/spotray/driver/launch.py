@@ -33,7 +33,7 @@ from spotray.config import ScalingSection, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
 from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent, verdict
 from spotray.driver.head_watch import HeadWatch
-from spotray.driver.node_watch import NodeWatch
+from spotray.driver.node_watch import EVIDENCE_AT_END_S, NodeWatch, awaiting_evidence
 from spotray.driver.placement import group_fits, holds, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
 from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, KeepOff, ShrinkOnLoss, restart_size
@@ -235,11 +235,13 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     head = HeadWatch(ray.get_runtime_context().gcs_address if ray.is_initialized() else None)
     ending: tuple[str | None, str] = (None, "")  # how the newest attempt ended, where only this driver knows
+    started_at = time.time()
     try:
         with _stop_on_sigterm(), head, ProgressMonitor(
                 attempts, tokens_per_step, stream=console, nodes=nodes,
                 placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             _fit_until_done(cfg, workers_cfg, runtime_env, root, console)
+            _await_evidence(attempts, started_at, console)
     except TrainingFailed as exc:
         ending = (endings.DRIVER_FAILED, str(exc))
         raise
@@ -314,6 +316,21 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
                                                         charges(attempts, budget.since, 0))):
             raise TrainingFailed(why)
         start = Start(*restart_size(cfg.scaling)) if ended == GROWN else whole
+
+
+def _await_evidence(attempts: Location, since: float, console: TextIO | None) -> None:
+    """Until the progress monitor's watch has recorded why the attempts that held nodes lost in the run's last
+    seconds ended (Ray marks such a node dead about 15 s after), at most ``EVIDENCE_AT_END_S``: they would otherwise
+    read as unknown, not as the spot interruptions they were."""
+    deadline, said = time.monotonic() + EVIDENCE_AT_END_S, False
+    with _best_effort("why the run's last attempts ended"):
+        while (lost := awaiting_evidence(attempts, since)) and time.monotonic() < deadline:
+            if not said:
+                (console or sys.stderr).write(
+                    f"spotray: waiting up to {EVIDENCE_AT_END_S:.0f}s for Ray's word on the lost node(s) "
+                    f"{', '.join(lost)}, to record why the attempts that held them ended\n")
+                said = True
+            time.sleep(1.0)
 
 
 def _of(start: Start, whole: Start) -> str:

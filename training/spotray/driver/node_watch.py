@@ -14,18 +14,20 @@ import logging
 import time
 from dataclasses import dataclass
 
-from spotray.accounts import endings, ledger
+from spotray.accounts import endings, goodput, ledger
 from spotray.accounts.node_records import (
     CAPACITY_TYPE_LABEL,
     NodeRecorder,
     in_kubernetes,
     kubernetes_nodes,
+    ray_node_name,
     taint_keys,
 )
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)
 
+EVIDENCE_AT_END_S = 30.0  # the most a finished run waits for Ray to mark dead a node it lost in its last seconds
 ATTRIBUTE_WITHIN_S = 60.0  # a loss seen this long after the next attempt started is not what ended the attempt
 KUBERNETES_EVERY_S = 10.0  # one list of the cluster's nodes
 VANISHED = "vanished from Kubernetes"
@@ -43,7 +45,7 @@ def ray_nodes() -> dict[str, RayNode]:
     import ray
     from ray.core.generated.common_pb2 import NodeDeathInfo  # type: ignore[attr-defined]  # built at import time
 
-    return {f"ray-{node['NodeID'][:12]}": RayNode(
+    return {ray_node_name(node["NodeID"]): RayNode(
         node["Alive"], None if node["Alive"] else NodeDeathInfo.Reason.Name(node.get("DeathReason", 0)),
         (node.get("Labels") or {}).get(CAPACITY_TYPE_LABEL)) for node in ray.nodes()}
 
@@ -101,3 +103,27 @@ class NodeWatch:
         kind = endings.node_loss(facts.capacity_type, reason)
         endings.record(self.root, attempts[last].attempt_id, kind,
                        f"node {name} ({facts.capacity_type or 'capacity type unknown'}) lost: {evidence}")
+
+
+def awaiting_evidence(root: Location, since: float, lost=None) -> list[str]:
+    """The lost nodes whose evidence is not on record yet: held by an attempt that started at ``since`` or later and
+    was followed by another, whose ending is not on record (``lost``: which of the named nodes Ray lists dead or do
+    not answer)."""
+    infos = [a for a in ledger.read_attempts(root) if a.started_at >= since][:-1]
+    pending = {name for info in infos for name in info.nodes
+               if goodput.attempt_record(root, info, steps=False).ending.kind == endings.UNKNOWN}
+    return sorted((lost or lost_ray_nodes)(pending)) if pending else []
+
+
+def lost_ray_nodes(names: set[str]) -> set[str]:
+    """Those of ``names`` that Ray lists dead, or alive while their raylet takes no connection (not marked dead
+    yet)."""
+    import ray
+
+    from spotray.ray_nodes import silent_nodes
+
+    named = {ray_node_name(node["NodeID"]): node for node in ray.nodes()}
+    listed = {name: node for name, node in named.items() if name in names}
+    alive = [node for node in listed.values() if node["Alive"]]
+    return {name for name, node in listed.items() if not node["Alive"]} | {
+        ray_node_name(node_id) for node_id in silent_nodes(alive)}
