@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,13 +89,49 @@ def test_the_throughput_bench_refuses_a_vocabulary_it_cannot_train_on_before_sta
     assert f"--vocab-size {vocab_size}: give a vocabulary of 2 to 2**32 tokens" in capsys.readouterr().err
 
 
-def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line(tmp_path):
-    from spotray.bench.throughput import _bare_step_s, _config
+def test_a_failed_bare_loop_is_reported_by_a_ranks_own_error_line_and_not_run_again(tmp_path, monkeypatch):
+    from spotray.bench import throughput
     from spotray.errors import SpotrayError
 
-    cfg = _config(str(tmp_path / "no-data"), str(tmp_path), steps=2, name="bare", preset="tiny", workers=2)
+    runs = []
+    run = throughput._run_bare
+
+    def counted(cfg):
+        runs.append(cfg)
+        return run(cfg)
+
+    monkeypatch.setattr(throughput, "_run_bare", counted)
+    cfg = throughput._config(str(tmp_path / "no-data"), str(tmp_path), steps=2, name="bare", preset="tiny", workers=2)
     with pytest.raises(SpotrayError, match=r"bare torchrun loop failed \(exit 1\): .*DataError: no index\.json at"):
-        _bare_step_s(cfg)
+        throughput._bare_step_s(cfg)
+    assert len(runs) == 1  # the same error again would say nothing new
+
+
+# What torchrun's stderr held where CI's bare loop aborted, up to the rank's own lines (its banner followed).
+ABORTED = """terminate called after throwing an instance of 'gloo::IoException'
+  what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:11148
+E1206 05:58:02.664000 20766 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+
+
+@pytest.mark.parametrize("aborts", [1, 2])
+def test_a_bare_loop_whose_rank_aborted_runs_once_more_saying_why(tmp_path, monkeypatch, capsys, aborts):
+    from spotray.bench import throughput
+    from spotray.errors import SpotrayError
+
+    outcomes = [subprocess.CompletedProcess([], 1, "", ABORTED)] * aborts + [
+        subprocess.CompletedProcess([], 0, '{"step_s": 0.25}\n', "")]
+    monkeypatch.setattr(throughput, "_run_bare", lambda cfg: outcomes.pop(0))
+    cfg = throughput._config(str(tmp_path), str(tmp_path), steps=2, name="bare", preset="tiny", workers=2)
+    what = "what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:11148"
+    if aborts == 1:
+        assert throughput._bare_step_s(cfg) == 0.25
+        assert f"bench: a rank of the bare torchrun loop aborted ({what}): running it once more" in \
+            capsys.readouterr().err
+    else:
+        with pytest.raises(SpotrayError, match=re.escape(what)):
+            throughput._bare_step_s(cfg)
 
 
 @pytest.mark.e2e  # a bench command on the session's Ray
