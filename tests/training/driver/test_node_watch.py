@@ -128,3 +128,11 @@ def test_lost_nodes_are_the_ones_ray_lists_dead_and_the_ones_whose_raylet_takes_
                                                    node("e", True, closed_port)])
         names = {node_records.ray_node_name(i * 12) for i in "abcd"}
         assert node_watch.lost_ray_nodes(names) == {"ray-bbbbbbbbbbbb", "ray-cccccccccccc"}
+
+
+def test_without_rays_node_table_no_node_is_lost(monkeypatch):
+    def unanswered():
+        raise ray.exceptions.RaySystemError("the GCS did not answer")
+
+    monkeypatch.setattr(ray, "nodes", unanswered)
+    assert node_watch.lost_ray_nodes({"ray-aaaaaaaaaaaa"}) == set()

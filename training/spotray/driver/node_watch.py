@@ -117,12 +117,17 @@ def awaiting_evidence(root: Location, since: float, lost=None) -> list[str]:
 
 def lost_ray_nodes(names: set[str]) -> set[str]:
     """Those of ``names`` that Ray lists dead, or alive while their raylet takes no connection (not marked dead
-    yet)."""
+    yet); none where Ray's node table cannot be read (the run's result stands without the evidence)."""
     import ray
 
     from spotray.ray_nodes import silent_nodes
 
-    named = {ray_node_name(node["NodeID"]): node for node in ray.nodes()}
+    try:
+        table = ray.nodes()
+    except Exception as exc:  # noqa: BLE001 - Ray's errors when its head is going are not one type
+        log.debug("cannot read Ray's nodes: %s", exc)
+        return set()
+    named = {ray_node_name(node["NodeID"]): node for node in table}
     listed = {name: node for name, node in named.items() if name in names}
     alive = [node for node in listed.values() if node["Alive"]]
     return {name for name, node in listed.items() if not node["Alive"]} | {
