@@ -116,19 +116,16 @@ def awaiting_evidence(root: Location, since: float, lost=None) -> list[str]:
 
 
 def lost_ray_nodes(names: set[str]) -> set[str]:
-    """Those of ``names`` that Ray lists dead, or alive while their raylet takes no connection (not marked dead
-    yet); none where Ray's node table cannot be read (the run's result stands without the evidence)."""
+    """Those of ``names`` that Ray lists and that are gone (``ray_nodes.unreachable_nodes``: marked dead, or their
+    raylet takes no connection); none where Ray's node table cannot be read (the run's result stands without the
+    evidence)."""
     import ray
 
-    from spotray.ray_nodes import silent_nodes
+    from spotray.ray_nodes import unreachable_nodes
 
     try:
-        table = ray.nodes()
+        ids = [node["NodeID"] for node in ray.nodes() if ray_node_name(node["NodeID"]) in names]
+        return {ray_node_name(node_id) for node_id in unreachable_nodes(ids)}
     except Exception as exc:  # noqa: BLE001 - Ray's errors when its head is going are not one type
         log.debug("cannot read Ray's nodes: %s", exc)
         return set()
-    named = {ray_node_name(node["NodeID"]): node for node in table}
-    listed = {name: node for name, node in named.items() if name in names}
-    alive = [node for node in listed.values() if node["Alive"]]
-    return {name for name, node in listed.items() if not node["Alive"]} | {
-        ray_node_name(node_id) for node_id in silent_nodes(alive)}
