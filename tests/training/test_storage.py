@@ -1,3 +1,7 @@
+import os
+import shutil
+import threading
+
 import pytest
 
 from spotray.drills.s3local import create_bucket, moto_server
@@ -30,6 +34,28 @@ def test_directories_are_listed_apart_and_a_missing_object_reads_as_none(root):
     assert root.list_dir_names() == ["attempt-1"] and root.child("missing").list_dir_names() == []
     assert root.child("run.json").read_text_if_exists() == "{}"
     assert root.child("nope.json").read_text_if_exists() is None
+
+
+def test_a_directory_created_while_it_is_listed_lists_as_empty_never_as_an_error(tmp_path):
+    """pyarrow lists a missing directory, then checks that it is missing: created in between, it raised NotFound
+    (a drill's poll hit this as the run made its checkpoints' directory). Here another thread makes and removes the
+    directory as fast as it can; about 3 in 100 listings fell in that window."""
+    listed = resolve(str(tmp_path / "checkpoints"))
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            os.makedirs(listed.path, exist_ok=True)
+            shutil.rmtree(listed.path, ignore_errors=True)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for _ in range(3000):
+            assert listed.list_names() == []
+    finally:
+        stop.set()
+        thread.join()
 
 
 def test_file_url_and_plain_path_are_the_same_place(tmp_path):

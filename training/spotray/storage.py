@@ -218,7 +218,10 @@ class Location:
 
     def _entries(self) -> list[pafs.FileInfo]:
         with self._guard("list"):
-            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+            try:
+                return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+            except FileNotFoundError:  # pyarrow found it missing, then present: created while listed, so empty
+                return []
 
     def delete_tree(self) -> None:
         with self._guard("delete"):
