@@ -132,3 +132,42 @@ def test_a_write_that_fails_while_a_save_waits_is_tried_again_at_once_before_the
     started = time.monotonic()
     assert writer.written_through(writer.mark(), timeout_s=30)
     assert record.read_text() == "1" and len(tries) == 2 and time.monotonic() - started < 10
+
+
+def test_a_save_that_begins_while_a_failed_write_is_being_reported_still_gets_its_one_retry(tmp_path, monkeypatch):
+    """The CI of a224d21: a save began while the writer logged its first failure (a log sink is slow at times), and
+    gave up at once, as if the retry it asked for had failed. The failure and its count of tries are one fact."""
+    import logging
+    import threading
+
+    logger = logging.getLogger(ledger.__name__)
+    reporting = threading.Event()
+
+    class SlowSink(logging.Handler):
+        def emit(self, record):
+            if "cannot write" in record.getMessage():
+                reporting.set()
+                time.sleep(0.05)
+
+    fail_next = [False]
+
+    def once_per_attempt(tries: int) -> None:
+        if fail_next[0]:
+            fail_next[0] = False
+            raise StorageError("storage is failing")
+
+    writes_failing_by(monkeypatch, once_per_attempt)
+    sink = SlowSink()
+    logger.addHandler(sink)
+    try:
+        for attempt in range(20):  # whether the save or the writer takes the lock first is up to the scheduler
+            fail_next[0] = True
+            reporting.clear()
+            writer = ledger.RecordWriter()
+            record = resolve(str(tmp_path / f"losses-{attempt}.jsonl"))
+            writer.put(record, "1")
+            assert reporting.wait(10)
+            assert writer.written_through(writer.mark(), timeout_s=30), f"gave up without its retry (try {attempt})"
+            assert record.read_text() == "1"
+    finally:
+        logger.removeHandler(sink)

@@ -165,42 +165,44 @@ class RecordWriter:
                 url = next(iter(self._pending))
                 location, text, sequence = self._pending.pop(url)
                 self._busy = True
-            recovered = failed = False
+            written = False
             try:
                 location.write_text(text)
+                written = True
             except StorageError as exc:
-                self._failed(url, location, text, sequence, exc)
-                failed = True
-            else:
-                with self._cond:
-                    self._written[url] = max(self._written.get(url, 0), sequence)
-                    recovered, self.failing = self.failing, False
+                error = exc
             finally:
-                with self._cond:
-                    self._busy = False
-                    self._tries += 1
-                    self._cond.notify_all()
-            if failed:
+                was_failing = self._settle(url, (location, text, sequence), written)
+            if not written:
+                if not was_failing:
+                    log.warning("cannot write %s (%s); training goes on and the records catch up later",
+                                location.url, str(error).splitlines()[0][:200])
                 self._rest(backoff)
                 backoff = min(2 * backoff, RETRY_MOST_S)
                 continue
-            if recovered:
+            if was_failing:
                 log.warning("storage is reachable again: records caught up")
             backoff = RETRY_FIRST_S
+
+    def _settle(self, url: str, record: tuple[Location, str, int], written: bool) -> bool:
+        """A write's outcome and its count of tries, recorded together: a save looking in between would take a failure
+        not yet counted for its own retry failing (``written_through``). Returns whether storage was failing before."""
+        with self._cond:
+            was_failing, self.failing = self.failing, not written
+            if written:
+                self._written[url] = max(self._written.get(url, 0), record[2])
+            else:
+                self._pending.setdefault(url, record)  # a newer version put meanwhile wins
+            self._busy = False
+            self._tries += 1
+            self._cond.notify_all()
+            return was_failing
 
     def _rest(self, seconds: float) -> None:
         """The backoff after a failed write, cut short where a save waits for the records (``written_through``)."""
         with self._cond:
             self._cond.wait_for(lambda: self._hurry, seconds)
             self._hurry = False
-
-    def _failed(self, url: str, location: Location, text: str, sequence: int, exc: StorageError) -> None:
-        with self._cond:
-            self._pending.setdefault(url, (location, text, sequence))  # a newer version put meanwhile wins
-            if not self.failing:
-                log.warning("cannot write %s (%s); training goes on and the records catch up later", location.url,
-                            str(exc).splitlines()[0][:200])
-            self.failing = True
 
 
 def new_attempt_id() -> str:
