@@ -61,7 +61,7 @@ def test_demo_survives_a_notice_and_a_kill_and_reports_them(tmp_path, capfd, mlf
     assert written["best"]["val_loss"] == min(e["val_loss"] for e in written["evals"].values())
     bill = written["cost"]  # the demo's example prices, for every node the workers held (3 at least: 2 replacements)
     assert bill["example_prices"] and bill["usd"] > 0 and 0 < bill["usd_per_million_tokens"], bill
-    assert bill["interruptions"] == 2 and len(bill["nodes"]) >= 3 and bill["on_demand_usd"] > 0, bill
+    assert bill["nodes_interrupted"] == 2 and len(bill["nodes"]) >= 3 and bill["on_demand_usd"] > 0, bill
     out, err = capfd.readouterr()
     assert "(example prices)" in out, out
     assert_quiet_console(out + err, "PREEMPTION NOTICE at step", "MOVING ON from step",

@@ -110,3 +110,4 @@ def test_two_nodes_lost_at_once_leave_one_worker_that_trains_alone_where_ray_can
     (_, alone_last), (grown_from, grown_last), (whole_from, _) = attempts_and_last_steps(tmp_path)[-3:]
     assert grown_from == alone_last and whole_from == grown_last  # growing loses no step
     assert summary["spot_interruptions"] == 1, summary  # the two nodes' loss ended one attempt
+    assert summary["cost"]["nodes_interrupted"] == 2, summary["cost"]  # and is two of the pool's, for its rate

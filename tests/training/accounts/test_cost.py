@@ -50,7 +50,7 @@ def test_nodes_are_billed_through_the_recovery_from_creation_and_not_in_a_lost_s
     assert bill.tokens == 20 * 100
     assert bill.usd is not None
     assert bill.usd_per_million_tokens == pytest.approx(bill.usd / 0.002)
-    assert bill.interruptions == 1 and bill.node_hours == pytest.approx((3940 + 1740 + 2100) / 3600)
+    assert bill.nodes_interrupted == 1 and bill.node_hours == pytest.approx((3940 + 1740 + 2100) / 3600)
 
 
 def test_a_spot_node_interrupted_after_its_first_hour_is_billed():
@@ -67,16 +67,31 @@ def killed_run(ending: str) -> list[goodput.AttemptRecord]:
 def test_only_the_spot_node_recorded_lost_is_free_after_a_kill():
     lost = NodeFacts(**{**node("n2", T0).to_dict(), "lost_at": T0 + 1800, "lost_reason": "UNEXPECTED_TERMINATION"})
     bill = cost_of(killed_run("kill"), [node("n1", T0), lost, node("n3", T0 + 1900)])
-    assert {b.name for b in bill.bills if b.free} == {"n2"} and bill.interruptions == 1
+    assert {b.name for b in bill.bills if b.free} == {"n2"} and bill.nodes_interrupted == 1
     bill = cost_of(killed_run("kill"), [node("n1", T0), node("n2", T0), node("n3", T0 + 1900)])
     assert not any(b.free for b in bill.bills)  # no node on record as lost: AWS interrupted none of them
+
+
+def test_two_spot_nodes_lost_in_one_kill_are_two_nodes_interrupted_for_the_rate_and_one_interruption_of_the_run():
+    """The pool's rate is per node: a rate counting the run's restarts would read half of it when AWS takes nodes two at
+    a time. A node that was lost but not spot is no interruption of the pool."""
+    def lost(name: str, capacity: str = "spot") -> NodeFacts:
+        return NodeFacts(**{**node(name, T0, capacity).to_dict(), "lost_at": T0 + 1800,
+                            "lost_reason": "UNEXPECTED_TERMINATION"})
+
+    records = [attempt("a", 0, 10, T0 + 60, T0 + 1800, ["n1", "n2", "n4"], ended="kill"),
+               attempt("b", 10, 20, T0 + 2000, T0 + 4000, ["n3"])]
+    bill = cost_of(records, [lost("n1"), lost("n2"), lost("n4", capacity="on-demand"), node("n3", T0 + 1900)])
+    account = goodput.account_of(records, T0)
+    assert bill.nodes_interrupted == 2 and len(account.interruptions) == 1
+    assert bill.interruptions_per_node_hour == pytest.approx(2 / bill.node_hours)
 
 
 @pytest.mark.parametrize("ending", ["stopped", "error", "driver_lost", "head_lost", "node_lost", None])
 def test_an_ending_that_is_no_spot_interruption_frees_no_node_and_counts_no_interruption(ending):
     lost = NodeFacts(**{**node("n2", T0).to_dict(), "lost_at": T0 + 1800, "lost_reason": "UNEXPECTED_TERMINATION"})
     bill = cost_of(killed_run(ending), [node("n1", T0), lost, node("n3", T0 + 1900)])
-    assert not any(b.free for b in bill.bills) and bill.interruptions == 0
+    assert not any(b.free for b in bill.bills) and bill.nodes_interrupted == 0
     assert bill.interruptions_per_node_hour == 0.0
 
 

@@ -171,3 +171,21 @@ def test_a_save_that_begins_while_a_failed_write_is_being_reported_still_gets_it
             assert record.read_text() == "1"
     finally:
         logger.removeHandler(sink)
+
+
+def test_a_write_that_fails_with_an_error_other_than_storages_is_reported_and_retried_not_left_to_time_out(
+        tmp_path, monkeypatch, caplog):
+    """A bug's error in a write (not a StorageError) must not end the writer's thread: the save waiting for the
+    records gets its retry at once, as in an outage, and the warning names the error's type."""
+    def first_has_a_bug(tries: int) -> None:
+        if tries == 1:
+            raise KeyError("no such part")
+
+    tries = writes_failing_by(monkeypatch, first_has_a_bug)
+    writer = ledger.RecordWriter()
+    record = resolve(str(tmp_path / "losses.jsonl"))
+    writer.put(record, "1")
+    started = time.monotonic()
+    writer.check_written()()
+    assert record.read_text() == "1" and len(tries) == 2 and time.monotonic() - started < ledger.RECORDS_BEFORE_SAVE_S
+    assert "KeyError: 'no such part'" in caplog.text

@@ -69,7 +69,7 @@ def test_a_ctrl_c_then_a_rerun_is_a_stop_not_an_interruption(dataset_url, tmp_pa
     got = json.loads(status.stdout)
     (stop,) = got["endings"]
     assert (stop["kind"], stop["reason"], stop["spot"]) == ("stopped", "Ctrl-C", False), stop
-    assert got["spot_interruptions"] == 0 and got["cost"]["interruptions"] == 0
+    assert got["spot_interruptions"] == 0 and got["cost"]["nodes_interrupted"] == 0
     assert got["paused_s"] > 0 and got["state"] == "finished"
 
 

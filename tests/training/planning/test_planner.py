@@ -273,7 +273,7 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     assert report["defaults"] == []  # the run measured its save and restore times
     assert report["measured"]["goodput"] == pytest.approx(run.goodput, abs=1e-4)
     assert abs(spot["goodput"] - run.goodput) < 0.05
-    with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* the run saw 2 spot interruptions in"):
+    with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* saw 2 spot nodes interrupted in"):
         estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64")
     estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64", "--interruptions-per-node-hour", "0.01",
              "--every-steps", "auto")  # flags override the run's figures
@@ -331,5 +331,5 @@ def test_other_sizes_use_the_rate_the_run_saw_once_it_is_trusted_else_ask_for_th
     report = json.loads(capsys.readouterr().out)
     assert report["inputs"]["interruptions_per_node_hour"] == pytest.approx(5 / 24, rel=0.01)
     short = interrupted_ledger(tmp_path / "short", kills=4, hours_each=4.0)  # 4 in 20 node-hours: not yet
-    with pytest.raises(SpotrayError, match="the run saw 4 spot interruptions in 20.0"):
+    with pytest.raises(SpotrayError, match="the run saw 4 spot nodes interrupted in 20.0"):
         estimate("--from", short, "--every-steps", "50", "--nodes", "8,64")

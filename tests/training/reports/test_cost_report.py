@@ -87,8 +87,8 @@ def test_status_shows_the_cost_and_the_rate_the_run_has_seen(tmp_path):
     bill = status["cost"]
     # n1 through the recovery, n2 until the kill (created 2 h before: billed), n3 from the second attempt
     hours = (4100 + 2160 + (4100 - 2300)) / 3600
-    assert bill["usd"] == pytest.approx(hours * 0.45) and bill["interruptions"] == 1
+    assert bill["usd"] == pytest.approx(hours * 0.45) and bill["nodes_interrupted"] == 1
     assert bill["tokens"] == 100 * 1000  # the kept steps only
     text = format_text(status)
     assert "cost         $" in text and "per million tokens" in text and "spot saved" in text
-    assert "1 spot interruptions in" in text and "plan with the pool's rate" in text
+    assert "1 spot node interrupted in" in text and "plan with the pool's rate" in text

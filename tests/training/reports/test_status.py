@@ -147,7 +147,7 @@ def test_a_ledger_from_before_endings_reads_unknown_and_says_so_once(run, capsys
     attempts.child("b", endings.ENDING_FILE).delete_file()
     got = status_json(run.url, capsys=capsys)
     assert [e["kind"] for e in got["endings"]] == ["notice", "unknown"] and got["endings_unrecorded"]
-    assert got["spot_interruptions"] == 1 and got["cost"]["interruptions"] == 1  # unknown is never one
+    assert got["spot_interruptions"] == 1 and got["cost"]["nodes_interrupted"] == 1  # unknown is never one
     assert main(["status", run.url]) == 0
     text = capsys.readouterr().out
     assert text.count("predates recorded endings") == 1, text

@@ -66,7 +66,7 @@ class RunCost:
     tokens: int | None  # trained by the steps the final model kept
     on_demand_usd: float | None
     node_hours: float
-    interruptions: int  # spot interruptions only (``endings.SPOT``)
+    nodes_interrupted: int  # spot nodes AWS took (``endings.SPOT``): two lost in one ending are two
     example_prices: bool
     unpriced: list[str]  # the nodes without a price
     bills: list[NodeBill]
@@ -82,11 +82,11 @@ class RunCost:
 
     @property
     def interruptions_per_node_hour(self) -> float | None:
-        return self.interruptions / self.node_hours if self.node_hours else None
+        return self.nodes_interrupted / self.node_hours if self.node_hours else None
 
     @property
     def rate_trusted(self) -> bool:
-        return self.interruptions >= TRUSTED_INTERRUPTIONS and self.node_hours >= TRUSTED_NODE_HOURS
+        return self.nodes_interrupted >= TRUSTED_INTERRUPTIONS and self.node_hours >= TRUSTED_NODE_HOURS
 
     def to_dict(self) -> dict:
         def money(value: float | None) -> float | None:
@@ -97,7 +97,7 @@ class RunCost:
                 "usd_per_million_tokens": money(self.usd_per_million_tokens),
                 "on_demand_usd": money(self.on_demand_usd),
                 "saving": None if self.saving is None else round(self.saving, 4),
-                "node_hours": round(self.node_hours, 4), "interruptions": self.interruptions,
+                "node_hours": round(self.node_hours, 4), "nodes_interrupted": self.nodes_interrupted,
                 "interruptions_per_node_hour": None if rate is None else round(rate, 4),
                 "rate_trusted": self.rate_trusted, "example_prices": self.example_prices,
                 "unpriced_nodes": self.unpriced, "nodes": [b.to_dict() for b in self.bills]}
@@ -127,7 +127,8 @@ def cost_of(records: list[goodput.AttemptRecord], account: goodput.Account, fact
     tokens = _all_known([r.tokens for r in account.kept.values()])
     return RunCost(usd, _head_and_core_usd(settings, held_s), sum(tokens) if tokens else None,
                    _on_demand_usd(records, account, facts), sum(b.seconds for b in bills) / 3600,
-                   len(account.interruptions), bool(settings.get("example_prices")), unpriced, bills)
+                   _nodes_interrupted(records, account.events, facts), bool(settings.get("example_prices")), unpriced,
+                   bills)
 
 
 def _head_and_core_usd(settings: dict, held_s: float) -> float | None:
@@ -155,6 +156,16 @@ def _bills(records: list[goodput.AttemptRecord], events: list[goodput.Event],
             usd = 0.0 if free else None if node.usd_per_hour is None else node.usd_per_hour * share * seconds / 3600
             bills.append(NodeBill(name, node.instance_type, node.capacity_type, seconds, share, usd, free))
     return bills
+
+
+def _nodes_interrupted(records: list[goodput.AttemptRecord], events: list[goodput.Event],
+                       facts: dict[str, NodeFacts]) -> int:
+    """The spot nodes AWS took, for the rate per node-hour (the pool's rate is per node): each spot ending counts the
+    spot nodes recorded lost that its attempt was the last to use, and at least one (a notice's node may not be)."""
+    last_use = {name: i for i, r in enumerate(records) for name in r.info.nodes}
+    lost = Counter(i for name, i in last_use.items() if (node := facts.get(name)) and node.lost_reason is not None
+                   and endings.node_loss(node.capacity_type, node.lost_reason) == endings.KILL)
+    return sum(max(1, lost[i]) for i, event in enumerate(events) if event.spot)
 
 
 def _interrupted(node: NodeFacts, ending: goodput.Event | None) -> bool:
@@ -290,10 +301,11 @@ def money_text(figures: dict) -> str:
 def rate_text(figures: dict) -> str:
     """The interruption rate the run has seen, and whether it is trusted yet."""
     rate = figures["interruptions_per_node_hour"]
-    seen = f"{figures['interruptions']} spot interruptions in {figures['node_hours']:,.2f} node-hours"
+    count = figures["nodes_interrupted"]
+    seen = f"{count} spot {'node' if count == 1 else 'nodes'} interrupted in {figures['node_hours']:,.2f} node-hours"
     if rate is None:
         return seen
     trust = ("trusted for planning" if figures["rate_trusted"] else
-             f"plan with the pool's rate until {TRUSTED_INTERRUPTIONS} interruptions and {TRUSTED_NODE_HOURS:g} "
+             f"plan with the pool's rate until {TRUSTED_INTERRUPTIONS} nodes interrupted and {TRUSTED_NODE_HOURS:g} "
              "node-hours")
     return f"{seen} ({rate:.3f} per node-hour; {trust})"

@@ -165,18 +165,16 @@ class RecordWriter:
                 url = next(iter(self._pending))
                 location, text, sequence = self._pending.pop(url)
                 self._busy = True
-            written = False
+            error: Exception | None = None
             try:
                 location.write_text(text)
-                written = True
-            except StorageError as exc:
+            except Exception as exc:  # not only StorageError: a thread that died would leave every save to time out
                 error = exc
-            finally:
-                was_failing = self._settle(url, (location, text, sequence), written)
-            if not written:
+            was_failing = self._settle(url, (location, text, sequence), written=error is None)
+            if error is not None:
                 if not was_failing:
                     log.warning("cannot write %s (%s); training goes on and the records catch up later",
-                                location.url, str(error).splitlines()[0][:200])
+                                location.url, _first_line(error))
                 self._rest(backoff)
                 backoff = min(2 * backoff, RETRY_MOST_S)
                 continue
@@ -203,6 +201,12 @@ class RecordWriter:
         with self._cond:
             self._cond.wait_for(lambda: self._hurry, seconds)
             self._hurry = False
+
+
+def _first_line(error: Exception) -> str:
+    """A StorageError names its URL and cause; any other error (a bug's) is named by its type."""
+    text = (str(error).splitlines() or [""])[0][:200]
+    return text if isinstance(error, StorageError) else f"{type(error).__name__}: {text}"
 
 
 def new_attempt_id() -> str:

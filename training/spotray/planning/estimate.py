@@ -167,9 +167,10 @@ def _observed_rate(measured: Measured) -> float:
         return rate
     seen = f" ({rate:.3g} per node-hour)" if rate is not None else ""
     raise SpotrayError(f"--interruptions-per-node-hour: is required to plan other sizes than the run's "
-                       f"{measured.values['nodes'][0]} nodes; the run saw {bill.interruptions} spot interruptions in "
-                       f"{bill.node_hours:.2f} node-hours{seen}, trusted only from {TRUSTED_INTERRUPTIONS} "
-                       f"interruptions and {TRUSTED_NODE_HOURS:g} node-hours: give the pool's rate")
+                       f"{measured.values['nodes'][0]} nodes; the run saw {bill.nodes_interrupted} spot nodes "
+                       f"interrupted in {bill.node_hours:.2f} node-hours{seen}, trusted only from "
+                       f"{TRUSTED_INTERRUPTIONS} nodes interrupted and {TRUSTED_NODE_HOURS:g} node-hours: give the "
+                       "pool's rate")
 
 
 def run(args: argparse.Namespace) -> None:

@@ -51,7 +51,7 @@ def row(root: Location) -> dict:
     account = goodput.account_of(records, ledger.run_started_at(attempts))
     bill = cost.ledger_cost(attempts, records, account).to_dict()
     return {"run": root.url, "tokens": bill["tokens"], "wall_s": round(account.total_s, 1),
-            "goodput": round(account.goodput, 4), "spot_interruptions": bill["interruptions"],
+            "goodput": round(account.goodput, 4), "spot_interruptions": len(account.interruptions),
             "endings": [event.kind for event in account.events], "usd": bill["usd"],
             "usd_per_million_tokens": bill["usd_per_million_tokens"], "on_demand_usd": bill["on_demand_usd"],
             "saving": bill["saving"], "example_prices": bill["example_prices"]}
