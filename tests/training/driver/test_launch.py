@@ -177,26 +177,30 @@ def test_a_driver_that_cannot_record_an_ending_says_so_in_one_warning_and_goes_o
         f"could not record {warning}: S3 unreachable"]
 
 
-def test_a_finished_run_waits_for_rays_word_on_a_node_it_lost_in_its_last_seconds_saying_so_once(monkeypatch):
+def all_gone(names: set[str]) -> set[str]:
+    return names
+
+
+def test_a_finished_run_waits_for_the_evidence_on_a_node_it_lost_in_its_last_seconds_saying_so_once(monkeypatch):
     answers = iter([["ray-2"], ["ray-2"], []])  # the progress monitor's watch recorded the loss at the third look
-    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since: next(answers))
+    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since, gone: next(answers))
     monkeypatch.setattr(launch.time, "sleep", lambda s: None)
     console = io.StringIO()
-    launch._await_evidence(resolve("/tmp/unused"), 0.0, console)
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, console, all_gone)
     assert next(answers, "asked no more") == "asked no more"
-    assert console.getvalue() == ("spotray: waiting up to 30s for Ray's word on the lost node(s) ray-2, to record why "
-                                  "the attempts that held them ended\n")
+    assert console.getvalue() == ("spotray: waiting up to 30s for the evidence on the lost node(s) ray-2, to record "
+                                  "why the attempts that held them ended\n")
 
 
 def test_a_finished_run_waits_for_the_evidence_at_most_its_bound_and_past_a_storage_failure(monkeypatch, caplog):
     monkeypatch.setattr(launch, "EVIDENCE_AT_END_S", 0.2)
-    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since: ["ray-2"])
-    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO())  # returns: the bound
+    monkeypatch.setattr(launch, "awaiting_evidence", lambda attempts, since, gone: ["ray-2"])
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO(), all_gone)  # returns: the bound
 
-    def unreachable(attempts, since):
+    def unreachable(attempts, since, gone):
         raise OSError("S3 unreachable")
 
     monkeypatch.setattr(launch, "awaiting_evidence", unreachable)
-    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO())
+    launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO(), all_gone)
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "could not record why the run's last attempts ended: S3 unreachable"]

@@ -113,6 +113,26 @@ def test_a_finished_run_awaits_only_the_evidence_on_nodes_lost_by_its_own_ended_
     assert node_watch.awaiting_evidence(root, since, all_lost) == []
 
 
+def test_on_kubernetes_a_finished_run_awaits_a_listed_node_that_vanished_not_one_never_listed(monkeypatch, root,
+                                                                                               api_server):
+    """Kubernetes's node names are not Ray's: there the end-of-run wait asks the node list, as the watch does."""
+    name, never_listed = EKS_NODE["metadata"]["name"], "ip-10-0-9-9.ec2.internal"
+    since = time.time()
+    held(root, "a", [name, never_listed], since + 1)
+    held(root, "b", ["ip-10-0-7-7.ec2.internal"], since + 2)  # the newest: it finished
+    watch = watch_with(monkeypatch, root, {})
+    monkeypatch.setattr(node_watch, "ray_nodes", lambda: pytest.fail("on Kubernetes the evidence is the node"))
+    monkeypatch.setattr(node_watch, "KUBERNETES_EVERY_S", 0.0)
+    watch.poll(ledger.read_attempts(root))
+    assert node_watch.awaiting_evidence(root, since, watch.gone) == []
+    del api_server.nodes[name]
+    assert node_watch.awaiting_evidence(root, since, watch.gone) == [name]
+    watch.poll(ledger.read_attempts(root))  # the progress monitor's next look records it
+    recorded = endings.read(root, "a")
+    assert recorded is not None and recorded["kind"] == endings.KILL
+    assert node_watch.awaiting_evidence(root, since, watch.gone) == []
+
+
 def test_lost_nodes_are_the_ones_ray_lists_dead_and_the_ones_whose_raylet_takes_no_connection(monkeypatch):
     answering = socket.create_server(("127.0.0.1", 0))
     closed = socket.create_server(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import TextIO
 
@@ -241,7 +241,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
                 attempts, tokens_per_step, stream=console, nodes=nodes,
                 placement=functools.partial(worker_group_placement, cfg.scaling)), follower:
             _fit_until_done(cfg, workers_cfg, runtime_env, root, console)
-            _await_evidence(attempts, started_at, console)
+            _await_evidence(attempts, started_at, console, nodes.gone)
     except TrainingFailed as exc:
         ending = (endings.DRIVER_FAILED, str(exc))
         raise
@@ -318,16 +318,18 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
         start = Start(*restart_size(cfg.scaling)) if ended == GROWN else whole
 
 
-def _await_evidence(attempts: Location, since: float, console: TextIO | None) -> None:
+def _await_evidence(attempts: Location, since: float, console: TextIO | None,
+                    gone: Callable[[set[str]], set[str]]) -> None:
     """Until the progress monitor's watch has recorded why the attempts that held nodes lost in the run's last
-    seconds ended (Ray marks such a node dead about 15 s after), at most ``EVIDENCE_AT_END_S``: they would otherwise
-    read as unknown, not as the spot interruptions they were."""
+    seconds ended (Ray marks such a node dead about 15 s after; the watch lists Kubernetes's nodes every 10 s), at
+    most ``EVIDENCE_AT_END_S``: they would otherwise read as unknown, not as the spot interruptions they were.
+    ``gone``: which nodes are lost (``NodeWatch.gone``)."""
     deadline, said = time.monotonic() + EVIDENCE_AT_END_S, False
     with _best_effort("why the run's last attempts ended"):
-        while (lost := awaiting_evidence(attempts, since)) and time.monotonic() < deadline:
+        while (lost := awaiting_evidence(attempts, since, gone)) and time.monotonic() < deadline:
             if not said:
                 (console or sys.stderr).write(
-                    f"spotray: waiting up to {EVIDENCE_AT_END_S:.0f}s for Ray's word on the lost node(s) "
+                    f"spotray: waiting up to {EVIDENCE_AT_END_S:.0f}s for the evidence on the lost node(s) "
                     f"{', '.join(lost)}, to record why the attempts that held them ended\n")
                 said = True
             time.sleep(1.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from spotray.accounts import endings, goodput, ledger
@@ -62,6 +63,7 @@ class NodeWatch:
     def __init__(self, attempts_root: Location, recorder: NodeRecorder):
         self.root, self.recorder = attempts_root, recorder
         self._taints: dict[str, list[str]] = {}  # the held nodes Kubernetes listed, with their taints then
+        self._listed: set[str] = set()  # every held node Kubernetes has listed: the ones whose vanishing is seen
         self._listed_at = 0.0
 
     def poll(self, attempts: list[ledger.AttemptInfo], ask_ray: bool = True) -> None:
@@ -87,10 +89,20 @@ class NodeWatch:
         for name in sorted(held):
             if name in listed:
                 self._taints[name] = taint_keys(listed[name])
+                self._listed.add(name)
             elif name in self._taints and self.recorder.known[name].lost_at is None:
                 taints = self._taints.pop(name)
                 self._lost(attempts, name, VANISHED, VANISHED + (
                     f" (taints when last listed: {', '.join(taints)})" if taints else ""), now)
+
+    def gone(self, names: set[str]) -> set[str]:
+        """Those of ``names`` that are lost, asked now, where the watch's next polls will record it: on Kubernetes,
+        the ones it listed before that the cluster no longer lists (none where the list fails); elsewhere, the ones
+        Ray lists dead or whose raylet takes no connection."""
+        if not in_kubernetes():
+            return lost_ray_nodes(names)
+        listed = kubernetes_nodes()
+        return set() if listed is None else {name for name in names if name in self._listed and name not in listed}
 
     def _lost(self, attempts: list[ledger.AttemptInfo], name: str, reason: str, evidence: str, now: float) -> None:
         facts = self.recorder.record_lost(name, reason, now)
@@ -105,14 +117,14 @@ class NodeWatch:
                        f"node {name} ({facts.capacity_type or 'capacity type unknown'}) lost: {evidence}")
 
 
-def awaiting_evidence(root: Location, since: float, lost=None) -> list[str]:
+def awaiting_evidence(root: Location, since: float, gone: Callable[[set[str]], set[str]]) -> list[str]:
     """The lost nodes whose evidence is not on record yet: held by an attempt that started at ``since`` or later and
-    was followed by another, whose ending is not on record (``lost``: which of the named nodes Ray lists dead or do
-    not answer)."""
+    was followed by another, whose ending is not on record (``gone``: which of the named nodes are lost,
+    ``NodeWatch.gone``)."""
     infos = [a for a in ledger.read_attempts(root) if a.started_at >= since][:-1]
     pending = {name for info in infos for name in info.nodes
                if goodput.attempt_record(root, info, steps=False).ending.kind == endings.UNKNOWN}
-    return sorted((lost or lost_ray_nodes)(pending)) if pending else []
+    return sorted(gone(pending)) if pending else []
 
 
 def lost_ray_nodes(names: set[str]) -> set[str]:
