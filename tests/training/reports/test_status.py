@@ -153,18 +153,33 @@ def test_a_ledger_from_before_endings_reads_unknown_and_says_so_once(run, capsys
     assert text.count("predates recorded endings") == 1, text
 
 
-def test_the_newest_attempts_snapshot_is_shown_with_what_its_nodes_hold(run, capsys):
-    assert main(["status", run.url]) == 0
-    assert "snapshots" not in capsys.readouterr().out  # a run that took none
+def with_snapshot(run) -> dict:
+    """Attempt c's rank 0 records a snapshot of step 88 on two nodes."""
     attempts = ledger.attempts_root(run)
     c = goodput.read_status(attempts, "c")
     assert c is not None
     snapshot = {"step": 88, "nodes": {"n1": {"bytes": 3 << 20, "cap": 5 << 30}, "n2": {"bytes": 1 << 20,
                                                                                     "cap": 4 << 30}}}
     attempts.child("c", goodput.STATUS_FILE).write_text(json.dumps({**c, "snapshot": snapshot}))
-    assert status_json(run.url, capsys=capsys)["snapshot"] == snapshot
+    return snapshot
+
+
+def test_the_newest_attempts_snapshot_is_shown_with_what_its_nodes_hold(run, capsys):
+    assert main(["status", run.url]) == 0
+    assert "snapshots" not in capsys.readouterr().out  # a run that took none
+    snapshot = with_snapshot(run)
+    assert status_json(run.url, capsys=capsys)["snapshot"] == {**snapshot, "held": True}  # c's driver runs
     assert main(["status", run.url]) == 0
     assert ("snapshots    step 88 in memory on 2 nodes, up to 3.0 MiB on one (each may hold 4.0 GiB)"
+            in capsys.readouterr().out)
+
+
+def test_a_snapshot_is_not_shown_as_held_once_the_driver_that_let_its_holders_go_has_ended(run, capsys):
+    with_snapshot(run)
+    endings.driver_ended(ledger.attempts_root(run), "c", None, "")
+    assert status_json(run.url, capsys=capsys)["snapshot"]["held"] is False
+    assert main(["status", run.url]) == 0
+    assert ("snapshots    step 88, released when the run's driver ended (up to 3.0 MiB held on one of 2 nodes)"
             in capsys.readouterr().out)
 
 

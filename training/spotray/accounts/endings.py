@@ -109,6 +109,12 @@ def driver_started(root: Location, newest_attempt: str | None) -> None:
     location.write_text(json.dumps({"started_at": time.time(), "ended": False}))
 
 
+def driver_has_ended(root: Location) -> bool:
+    """Whether the run's newest driver recorded its end: it let the run's snapshot holders go then."""
+    text = root.child(DRIVER_FILE).read_text_if_exists()
+    return text is not None and bool(json.loads(text).get("ended"))
+
+
 def driver_ended(root: Location, newest_attempt: str | None, kind: str | None, reason: str) -> None:
     """This driver ends; ``kind``: how its last attempt ended, where only the driver knows (None: the attempt's own
     records say it, as for a finish, an error or a notice)."""

@@ -78,7 +78,7 @@ def _snapshot(root: Location, now: float) -> dict:
         "best_eval": _best_eval(evals),
         "memory": _memory(attempts_root, records),
         "checkpoints": [_checkpoint(c, now) for c in committed],
-        "snapshot": records[-1].status_of("snapshot", None) if records else None,
+        "snapshot": _newest_snapshot(attempts_root, records),
         "workers": _workers(records[-1].info) if records else None,
         "set_aside": [_set_aside(r) for r in list_set_aside(root)],
         "attempts": [_attempt(r) for r in records],
@@ -283,11 +283,19 @@ def _checkpoints_text(checkpoints: list[dict]) -> str:
                      f"{c['age_s']:,.0f}s ago)" for c in checkpoints)
 
 
+def _newest_snapshot(attempts_root: Location, records: list[goodput.AttemptRecord]) -> dict | None:
+    """The newest attempt's newest in-memory snapshot, what its nodes hold, and whether they may still hold it."""
+    snapshot = records[-1].status_of("snapshot", None) if records else None
+    return None if snapshot is None else {**snapshot, "held": not endings.driver_has_ended(attempts_root)}
+
+
 def _snapshot_text(snapshot: dict) -> str:
-    """The newest attempt's newest in-memory snapshot and what its nodes hold."""
     nodes = snapshot["nodes"].values()
-    return (f"step {snapshot['step']} in memory on {len(nodes)} node{'s' * (len(nodes) != 1)}, up to "
-            f"{_size(max(n['bytes'] for n in nodes))} on one (each may hold {_size(min(n['cap'] for n in nodes))})")
+    most, count = _size(max(n["bytes"] for n in nodes)), f"{len(nodes)} node{'s' * (len(nodes) != 1)}"
+    if not snapshot["held"]:
+        return f"step {snapshot['step']}, released when the run's driver ended (up to {most} held on one of {count})"
+    return (f"step {snapshot['step']} in memory on {count}, up to {most} on one (each may hold "
+            f"{_size(min(n['cap'] for n in nodes))})")
 
 
 def _ending_text(event: dict) -> str:
