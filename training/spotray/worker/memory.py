@@ -14,10 +14,12 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def this_rank(device: torch.device) -> dict[str, int | None]:
-    """This process's figures by ``KINDS``; the CUDA ones None off CUDA."""
+    """This process's figures by ``KINDS``; the CUDA ones None off CUDA. The peak is at least the RSS read with it:
+    the kernel's high-water mark is read a moment apart, and other threads (a snapshot's copy) allocate meanwhile."""
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    rss = _current_rss() or peak_rss
     cuda = device.type == "cuda"
-    return {"rss_bytes": _current_rss() or peak_rss, "peak_rss_bytes": peak_rss,
+    return {"rss_bytes": rss, "peak_rss_bytes": max(peak_rss, rss),
             "cuda_allocated_peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
             "cuda_reserved_peak_bytes": torch.cuda.max_memory_reserved(device) if cuda else None}
 
