@@ -17,7 +17,7 @@ from tests.repo import readme_example
 T0 = 1_790_000_000.0
 
 
-def write_run(runs, name: str, price: float | None, interrupted: bool = False) -> None:
+def write_run(runs, name: str, price: float | None, interrupted: bool = False, on_demand: float = 1.006) -> None:
     """A run of 2 workers on nodes of their own, 100 steps of 1,000 tokens in an hour; ``interrupted``: a kill at
     step 60 after a checkpoint at 50, and the replacement node n3."""
     attempts = resolve(str(runs / name)).child("attempts")
@@ -35,7 +35,7 @@ def write_run(runs, name: str, price: float | None, interrupted: bool = False) -
                    json.dumps({"entered_at": entered, "last_seen": last_seen, "max_steps": 100}))
     writer.close(timeout_s=10)
     facts = {n: node_records.NodeFacts(n, "g5.xlarge", "spot", "us-east-1a", T0 - 7200, 1, price,
-                                       1.006 if price else None) for n in ("n1", "n2", "n3")}
+                                       on_demand if price else None) for n in ("n1", "n2", "n3")}
     if interrupted:  # the driver saw n2 go, and recorded it as what ended attempt a
         facts["n2"] = replace(facts["n2"], lost_at=T0 + 2170, lost_reason="UNEXPECTED_TERMINATION")
         endings.record(attempts, "a", endings.KILL, "node n2 (spot) lost: Ray says UNEXPECTED_TERMINATION")
@@ -63,6 +63,18 @@ def test_the_readme_example_prints_a_line_per_run_and_a_total(tmp_path, monkeypa
     assert llama["usd_per_million_tokens"] == pytest.approx(2 * 0.45 / 0.1)
     assert report["total"]["usd"] == pytest.approx(sum(r["usd"] for r in report["runs"]))
     assert report["total"]["tokens"] == 200_000
+
+
+def test_one_runs_total_is_its_row_even_where_its_bill_is_a_fraction_of_a_cent(tmp_path, capsys):
+    """The total sums the runs' unrounded figures: summed after rounding, a demo's saving read 45.4 %, its row 45.5."""
+    write_run(tmp_path, "tiny", 0.0000921, on_demand=0.000169)
+    assert main(["cost", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (run,), total = report["runs"], report["total"]
+    assert {key: total[key] for key in run if key in total} == {key: run[key] for key in total if key in run}
+    assert run["saving"] == pytest.approx(0.455, abs=0.001)
+    assert main(["cost", str(tmp_path)]) == 0
+    assert "total (1 run) " in capsys.readouterr().out
 
 
 def test_a_run_without_prices_shows_unknown_and_makes_the_total_unknown(tmp_path, capsys):

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> None:
 
     options = StorageOptions(endpoint_url=args.endpoint_url)
     rows = [row(root) for url in args.runs for root in runs_at(resolve(url, options))]
-    report = {"runs": rows, "total": total(rows)}
+    report = {"runs": [_rounded(r) for r in rows], "total": _rounded(total(rows))}
     print(json.dumps(report, indent=2) if args.json else format_text(report))
 
 
@@ -49,34 +49,40 @@ def row(root: Location) -> dict:
     attempts = ledger.attempts_root(root)
     records = goodput.attempt_records(attempts)
     account = goodput.account_of(records, ledger.run_started_at(attempts))
-    bill = cost.ledger_cost(attempts, records, account).to_dict()
-    return {"run": root.url, "tokens": bill["tokens"], "wall_s": round(account.total_s, 1),
-            "goodput": round(account.goodput, 4), "spot_interruptions": len(account.interruptions),
-            "endings": [event.kind for event in account.events], "usd": bill["usd"],
-            "usd_per_million_tokens": bill["usd_per_million_tokens"], "on_demand_usd": bill["on_demand_usd"],
-            "saving": bill["saving"], "example_prices": bill["example_prices"]}
+    bill = cost.ledger_cost(attempts, records, account)
+    return {"run": root.url, "tokens": bill.tokens, "wall_s": account.total_s, "goodput": account.goodput,
+            "spot_interruptions": len(account.interruptions), "endings": [event.kind for event in account.events],
+            "usd": bill.usd, "usd_per_million_tokens": bill.usd_per_million_tokens, "on_demand_usd": bill.on_demand_usd,
+            "saving": bill.saving, "example_prices": bill.example_prices}
 
 
 def total(rows: list[dict]) -> dict:
-    """Sums over the runs; a money figure is unknown if any run's is."""
+    """Sums over the runs, of their unrounded figures (one run's total is its row); a money figure is unknown if any
+    run's is."""
     def known_sum(key: str) -> float | None:
         values = [r[key] for r in rows]
-        return None if None in values else round(sum(values), 4)
+        return None if None in values else sum(values)
 
     usd, on_demand, tokens = known_sum("usd"), known_sum("on_demand_usd"), known_sum("tokens")
     return {"runs": len(rows), "tokens": None if tokens is None else int(tokens),
-            "wall_s": round(sum(r["wall_s"] for r in rows), 1),
+            "wall_s": sum(r["wall_s"] for r in rows),
             "spot_interruptions": sum(r["spot_interruptions"] for r in rows), "usd": usd,
-            "usd_per_million_tokens": round(usd / (tokens / 1e6), 4) if usd is not None and tokens else None,
-            "on_demand_usd": on_demand,
-            "saving": round(1 - usd / on_demand, 4) if usd is not None and on_demand else None,
+            "usd_per_million_tokens": usd / (tokens / 1e6) if usd is not None and tokens else None,
+            "on_demand_usd": on_demand, "saving": 1 - usd / on_demand if usd is not None and on_demand else None,
             "example_prices": any(r["example_prices"] for r in rows)}
+
+
+def _rounded(figures: dict) -> dict:
+    """As shown: seconds to 0.1 s, the rest (USD, ratios) to 4 decimals."""
+    return {key: round(value, 1 if key == "wall_s" else 4) if isinstance(value, float) else value
+            for key, value in figures.items()}
 
 
 def format_text(report: dict) -> str:
     header = ("run", "tokens", "wall", "goodput", "spot int.", "USD", "USD/Mtok", "saving", "endings")
     lines = [_cells(r, r["run"]) for r in report["runs"]]
-    lines.append(_cells(report["total"], f"total ({report['total']['runs']} runs)"))
+    runs = report["total"]["runs"]
+    lines.append(_cells(report["total"], f"total ({runs} run{'s' * (runs != 1)})"))
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
             for line in [header, *lines]]
