@@ -221,6 +221,24 @@ def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_pat
         "waiting for it to go", "spotray: step 75/100"]
 
 
+def test_a_progress_line_read_with_a_notice_comes_before_the_notice_its_step_preceded(tmp_path, monkeypatch):
+    """The demo printed "PREEMPTION NOTICE at step 364", "MOVING ON from step 364", then "step 360/900"."""
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    at_60: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1090.0, "step": 60}
+    write_attempt(root, "a", 0, 60, at_60)
+    monitor.poll()
+    now[0] += 12
+    write_attempt(root, "a", 0, 70, {**at_60, "step": 70, "last_seen": 1100.0,
+                                     "notice": {"step": 73, "at": 1100.0, "committed": True}, "moved_at": 1101.0})
+    monitor.poll()
+    assert [line.split(" |")[0].split(":")[1] for line in stream.getvalue().splitlines()] == [
+        " step 60/100", " step 70/100", " PREEMPTION NOTICE at step 73", " MOVING ON from step 73"]
+
+
 def test_the_driver_reads_each_attempts_record_once(tmp_path):
     """It polls storage every few seconds for the whole run: an attempt's record, written once, is not read again."""
     root = resolve(str(tmp_path / "attempts"))

@@ -103,9 +103,9 @@ class ProgressMonitor:
             self._interruption(prev, prev_status, attempts[-1], statuses[attempts[-1].attempt_id])
         if attempts and attempts[-1].attempt_id not in self._skip:
             current = statuses[attempts[-1].attempt_id]
-            if current:
-                self._notice(attempts[-1].attempt_id, current)
+            if current:  # its last progress line is of a step before its notice
                 self._progress(current)
+                self._notice(attempts[-1].attempt_id, current)
 
     def _status(self, attempt_id: str, ended: bool) -> dict | None:
         """An attempt's status; read once after a newer attempt started, since Ray stopped its workers first."""
