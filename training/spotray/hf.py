@@ -7,7 +7,7 @@ The Trainer saves and restores everything itself (model, optimizer, scheduler, R
 callback only says when to save (the checkpoint interval, a preemption notice), commits each ``checkpoint-N`` the
 Trainer writes, reports the steps and logged metrics to the run's ledger, and ends the attempt after a notice's
 checkpoint by raising ``MovedOn`` out of ``trainer.train()``, so that the code after it (``save_model``, a push)
-runs once, when the run is complete.
+runs once, when the run is complete (a rerun of a finished run ends the same way, by ``FinishedAlready``).
 """
 
 from __future__ import annotations
@@ -53,9 +53,12 @@ class SpotrayCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         session = sessions.current()
-        if session is not None:
-            session.plan(state.max_steps)
-            self.tokens_seen = state.num_input_tokens_seen
+        if session is None:
+            return
+        session.plan(state.max_steps)
+        self.tokens_seen = state.num_input_tokens_seen
+        if state.global_step >= state.max_steps and (final := session.finished_before()) is not None:
+            raise sessions.FinishedAlready(final)
 
     def on_step_end(self, args, state, control, **kwargs):
         session = sessions.current()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
+import spotray
 from infra.cli import main
-from spotray.checkpoints.dcp import COMMIT_MARKER, FILES_FORMAT
+from spotray.checkpoints.dcp import COMMIT_MARKER, FILES_FORMAT, list_committed
 from spotray.errors import ConfigError, SpotrayError
+from spotray.storage import resolve
 from tests.training.runs import cli_env
 
 
@@ -89,6 +93,27 @@ def test_a_script_that_raises_at_import_ends_in_one_line_naming_the_rank_and_the
     assert line.startswith("spotray: error: rank 0: KeyError: 'text' (log: ") and Path(log).is_file(), line
     assert "Traceback" in Path(log).read_text(), "the traceback is in the log"
     assert not (tmp_path / "runs" / "spotray" / "checkpoints").exists()
+
+
+@pytest.mark.e2e
+def test_a_trainer_script_run_again_once_finished_trains_nothing_and_says_so(tmp_path, ray_address):
+    """Resumed mid-epoch at its max_steps, the Trainer would train one step more before it checks max_steps."""
+    project, runs = tmp_path / "project", tmp_path / "runs"
+    project.mkdir()
+    shutil.copy(Path(spotray.__file__).parent / "examples" / "hf_finetune.py", project / "finetune.py")
+    summaries = []
+    for again in (False, True):
+        summaries.append(tmp_path / f"summary-{again}.json")
+        proc = spotray_train(project, ray_address, "--script", "finetune.py", "--set", f"checkpoint.path={runs}",
+                             "--set", "scaling.num_workers=1", "--summary-json", str(summaries[-1]), "--",
+                             "--max-steps", "5", "--save-steps", "3")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        said = "spotray: run 'spotray' finished at step 5 already: nothing to train (raise the script's max steps"
+        assert (said in proc.stderr) == again, proc.stderr[-3000:]
+    first, rerun = (json.loads(path.read_text()) for path in summaries)
+    assert [c.step for c in list_committed(resolve(str(runs / "spotray" / "checkpoints")))] == [5, 3]
+    assert (rerun["final_step"], rerun["final_loss"]) == (first["final_step"], first["final_loss"]) == (5, ANY)
+    assert first["final_loss"] is not None  # logged at step 5 (logging_steps=5)
 
 
 def test_a_config_error_names_the_key():

@@ -267,6 +267,9 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
     finally:
         _end_driver(attempts, root, ending, head.lost)
+    if cfg.script.path and (done := _script_trained_nothing(attempts)) is not None:
+        (console or sys.stderr).write(f"spotray: run '{cfg.run.name}' finished at step {done} already: nothing to "
+                                      "train (raise the script's max steps to train on)\n")
     summary = summarize(cfg, len(task.open_dataset()) if task else 0, root)
     follower.finish(summary)
     return summary
@@ -283,6 +286,14 @@ def _finished_at(cfg: TrainConfig, root: Location) -> int | None:
     committed = list_committed(checkpoints_root(root), warn=False)
     # Trained past it since (and lost before a final record): the workers resume there and finish it.
     return final["final_step"] if committed and committed[0].step == final["final_step"] else None
+
+
+def _script_trained_nothing(attempts: Location) -> int | None:
+    """The step a script's newest attempt resumed at and finished at, training nothing: a rerun of a finished run
+    (``session.FinishedAlready``). None where it trained a step, or did not finish."""
+    newest = ledger.read_attempts(attempts)[-1]
+    final = ledger.read_final(attempts) if ledger.attempt_finished(attempts, newest.attempt_id) else None
+    return newest.from_step if final and final["final_step"] == newest.from_step > 0 else None
 
 
 def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dict | None, root: Location,

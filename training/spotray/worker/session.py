@@ -35,6 +35,16 @@ class MovedOn(BaseException):  # noqa: N818 - an outcome, not an error; BaseExce
     attempt ends there, and nothing the script does after training (saving, pushing) runs on a move."""
 
 
+class FinishedAlready(BaseException):  # noqa: N818 - an outcome, not an error
+    """Raised into a Trainer that resumed at or past its last step of a run its script finished there before: the
+    Trainer would train one step more (it resumes mid-epoch without checking ``max_steps``). The attempt ends with
+    the run's final record unchanged; the script's code after training ran when the run finished."""
+
+    def __init__(self, final: dict):
+        super().__init__(final["final_step"])
+        self.final = final
+
+
 def local_dir(cfg: TrainConfig) -> str:
     """This node's scratch directory for the run: ``script.local_dir``, ``$SPOTRAY_LOCAL_DIR``, or the temp dir."""
     base = cfg.script.local_dir or os.environ.get(LOCAL_DIR_ENV) or os.path.join(tempfile.gettempdir(), "spotray")
@@ -148,8 +158,15 @@ class Session:
     def should_stop(self) -> bool:
         return self.stop
 
-    def finish(self, moved: bool) -> None:
-        """The script returned (or moved on): the commit in flight ends, the records are written."""
+    def finished_before(self) -> dict | None:
+        """The run's final record where this attempt resumed at its step: the script finished there before."""
+        self._ensure_open()
+        final = ledger.read_final(self.attempts)
+        return final if final is not None and final["final_step"] == self.from_step else None
+
+    def finish(self, moved: bool, final: dict | None = None) -> None:
+        """The script returned (or moved on): the commit in flight ends, the records are written (``final``: the
+        run's final record as a finished run's rerun keeps it)."""
         self._ensure_open()
         self.files.close()
         if moved:
@@ -159,10 +176,10 @@ class Session:
         self.writer.close(timeout_s=max(60.0, self.cfg.checkpoint.save_failure_budget_s))
         if self.env.rank == 0:
             losses = [r["loss"] for _, r in sorted(self.steps.items()) if "loss" in r]
-            final = {"final_step": self.last_step, "final_loss": losses[-1] if losses else None,
-                     "samples_consumed": None, "param_sha256": None, "tokens_per_s": None,
-                     "attempt_id": self.attempt_id, "failed_saves": 0}
-            ledger.write_final(self.attempts, self.attempt_id, final)
+            final = final or {"final_step": self.last_step, "final_loss": losses[-1] if losses else None,
+                              "samples_consumed": None, "param_sha256": None, "tokens_per_s": None,
+                              "failed_saves": 0}
+            ledger.write_final(self.attempts, self.attempt_id, {**final, "attempt_id": self.attempt_id})
 
     def failed(self, exc: BaseException) -> None:
         self._ensure_open()

@@ -93,6 +93,9 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
     except sessions.MovedOn:
         session.finish(moved=True)
         return
+    except sessions.FinishedAlready as done:
+        session.finish(moved=False, final=done.final)
+        return
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _failed(session, env, exc, f"the script exited with status {exc.code}")
