@@ -37,6 +37,16 @@ def test_sigterm_of_the_driver_is_a_stop_as_ctrl_c_is():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.e2e  # a fit on the session's Ray
+def test_after_a_fit_ctrl_c_is_the_drivers_again_not_ray_trains_handler_of_the_ended_controller(dataset_url, tmp_path,
+                                                                                               ray_cluster):
+    """Ray Train's handler, left behind, called the ended controller: a traceback for a Ctrl-C at the end of a run."""
+    before = signal.getsignal(signal.SIGINT)
+    launch.run(make_config(dataset_url, str(tmp_path), "ended", "train.max_steps=2", "scaling.num_workers=1"),
+               console=io.StringIO())
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def newest_step(attempts) -> int:
     records = goodput.attempt_records(attempts) if attempts.exists() else []
     return max((r.last_step for r in records), default=0)

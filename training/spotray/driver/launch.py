@@ -493,8 +493,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
         ),
     )
     try:
-        with ray_train_polls(os.environ), (EndWithoutReplacement(keeper) if keeper is not None
-                                           else contextlib.nullcontext()) as ender:
+        with ray_train_polls(os.environ), _sigint_handler_kept(), (
+                EndWithoutReplacement(keeper) if keeper is not None else contextlib.nullcontext()) as ender:
             trainer.fit()
     except ray.exceptions.RayActorError:
         if not (ender and ender.ended):
@@ -509,6 +509,18 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
     return MOVED if status.get("moved_at") else GROWN if status.get("grew") else None
+
+
+@contextlib.contextmanager
+def _sigint_handler_kept() -> Iterator[None]:
+    """Ray Train's fit leaves its Ctrl-C handler installed, and after the fit that handler calls the ended controller
+    and fails with a traceback: the handler from before the fit (a KeyboardInterrupt) is put back."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if before is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, before)
 
 
 @contextlib.contextmanager
