@@ -22,6 +22,7 @@ from spotray.accounts import endings, goodput, ledger
 from spotray.driver import launch
 from spotray.driver.launch import _stop_on_sigterm
 from spotray.storage import resolve
+from spotray.worker.attempt import run_root
 from tests.console import assert_quiet_console
 from tests.training.configs import make_config
 from tests.training.runs import cli_env, train_locally
@@ -105,6 +106,20 @@ def test_an_attempt_that_trains_no_step_leaves_the_runs_final_loss_as_it_was(dat
     again = train_locally(cfg)
     assert len(ledger.read_attempts(resolve(str(tmp_path)).child("done", "attempts"))) == 2
     assert again["final_step"] == 10 and again["final_loss"] == first["final_loss"] is not None
+
+
+def test_a_scripts_final_loss_is_its_last_logged_one_at_that_step_not_the_final_steps(tmp_path):
+    """A Trainer logs its loss every ``logging_steps``: the run ended at step 16, its last loss was logged at 15."""
+    from spotray import config
+    from tests.training.ledgers import write_attempt
+
+    cfg = config.load(None, ["script.path=train.py", f"checkpoint.path={tmp_path}", "run.name=s", "data.path=/unused"])
+    attempts = run_root(cfg).child("attempts")
+    write_attempt(attempts, "001", 0, 15, {"entered_at": time.time() - 60})
+    ledger.write_final(attempts, "001", {"final_step": 16, "final_loss": 10 / 15, "samples_consumed": None,
+                                         "param_sha256": None, "tokens_per_s": None, "attempt_id": "001"})
+    summary = launch.summarize(cfg, 0, run_root(cfg))
+    assert (summary["final_step"], summary["final_loss_step"], summary["final_loss"]) == (16, 15, 10 / 15)
 
 
 def test_the_same_command_on_a_finished_run_books_no_workers_and_says_so_in_one_line(dataset_url, tmp_path,

@@ -68,6 +68,10 @@ def test_a_final_loss_the_ledger_lacks_is_said_so_not_a_traceback():
         "steps")
 
 
+def test_a_final_loss_logged_before_the_final_step_is_shown_at_its_own_step():
+    assert "| final loss 2.5000 at step 57 |" in format_table({**SUMMARY, "final_loss_step": 57})
+
+
 def test_a_run_that_never_evaluated_keeps_its_result_line():
     expected = format_table(SUMMARY)
     assert format_table({**SUMMARY, "evals": {}, "val_loss": None, "best": None}) == expected

@@ -560,12 +560,15 @@ def summarize(cfg: TrainConfig, num_samples: int, root: Location) -> dict:
     if final is None:
         raise TrainingFailed(f"run '{cfg.run.name}' has no finished attempt under {attempts.url}")
     losses = ledger.lineage_losses(attempts)
+    # A script logs its loss every few steps, and an attempt may train no step: the last loss of the history.
+    loss_step = max((step for step in losses if step <= final["final_step"]), default=None)
     time_account = goodput.account(attempts).to_dict()
     committed = list_committed(checkpoints_root(root))
     summary = {
         "run_name": cfg.run.name,
         "final_step": final["final_step"],
-        "final_loss": losses.get(final["final_step"], final["final_loss"]),  # an attempt may train no step
+        "final_loss": final["final_loss"] if loss_step is None else losses[loss_step],
+        "final_loss_step": final["final_step"] if loss_step is None else loss_step,
         "samples_consumed": final["samples_consumed"],
         "param_sha256": final["param_sha256"],
         "tokens_per_s": final["tokens_per_s"],

@@ -19,7 +19,8 @@ def format_table(summary: dict) -> str:
                 f"every {every} steps")
     final_loss = "not recorded" if summary["final_loss"] is None else f"{summary['final_loss']:.4f}"
     lines.append(f"goodput {100 * summary['goodput']:.1f}% | every sample exactly once: {audit} | "
-                 f"final loss {final_loss} at step {summary['final_step']} | checkpoint {interval}"
+                 f"final loss {final_loss} at step {summary.get('final_loss_step', summary['final_step'])} | "
+                 f"checkpoint {interval}"
                  f"{_val_loss_cell(summary)}")
     return "\n".join(lines)
 
