@@ -247,6 +247,16 @@ def test_memory_is_each_kinds_largest_rank_at_the_newest_attempts_last_interval(
     assert got["cuda_reserved_peak_bytes"] == {"max": 5 * GiB, "rank": 1}
 
 
+def test_a_rerun_of_a_finished_run_that_trained_nothing_keeps_the_memory_of_the_attempt_before(evaluated_run, capsys):
+    attempts = ledger.attempts_root(evaluated_run)
+    ledger.write_final(attempts, "c", {"final_step": 90})
+    measured = status_json(evaluated_run.url, capsys=capsys)["memory"]
+    write_attempt(attempts, "d", 90, 90, {"step": 90, "entered_at": time.time() - 5, "startup_s": 4.0})
+    assert status_json(evaluated_run.url, capsys=capsys)["memory"] is None  # d may still train: not measured yet
+    ledger.write_final(attempts, "d", {"final_step": 90})
+    assert status_json(evaluated_run.url, capsys=capsys)["memory"] == measured is not None
+
+
 def test_the_text_has_the_last_evaluations_the_best_and_the_memory(evaluated_run, capsys):
     write_evals_and_intervals(ledger.attempts_root(evaluated_run), cuda=True)
     assert main(["status", evaluated_run.url]) == 0

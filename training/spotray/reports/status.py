@@ -164,10 +164,16 @@ def _best_eval(evals: list[dict]) -> dict | None:
 
 def _memory(attempts_root: Location, records: list[goodput.AttemptRecord]) -> dict | None:
     """Each kind's largest figure and its rank (``memory.highest``, as the run summary has it over the whole run)
-    at the newest attempt's last log interval; None before that attempt logged one."""
-    intervals = ledger.read_intervals(attempts_root, records[-1].info.attempt_id) if records else {}
-    last = intervals[max(intervals)].get("memory") if intervals else None
-    return memory.highest([last]) if last else None
+    at the newest attempt's last log interval; None before that attempt logged one. A finished run's newest attempt
+    may have trained no step (a rerun of the finished run): then the newest attempt's before it that logged one."""
+    for record in reversed(records):
+        intervals = ledger.read_intervals(attempts_root, record.info.attempt_id)
+        if intervals:
+            last = intervals[max(intervals)].get("memory")
+            return memory.highest([last]) if last else None
+        if not (record.finished and record.last_step == record.info.from_step):
+            return None
+    return None
 
 
 def _checkpoint(checkpoint: CommittedCheckpoint, now: float) -> dict:
