@@ -139,6 +139,23 @@ def test_an_unpriced_node_or_a_step_without_tokens_makes_the_figure_unknown_not_
     assert cost_of(records, []).usd is None  # nodes never looked up
 
 
+def test_an_unknown_cost_counts_unpriced_nodes_by_type_names_a_few_untyped_ones_and_says_which_setting_fixes_it():
+    untyped = [NodeFacts(f"ray-{i}") for i in range(1, 6)]
+    typed = [node(f"ip-{i}", T0, price=None) for i in range(64)]
+    records = [attempt("a", 0, 10, T0, T0 + 3600, [f"ip-{i}" for i in range(64)])]
+    assert cost.money_text(cost_of(records, typed).to_dict()) == (
+        "unknown: no price for g5.xlarge spot (64 nodes); set cost.prices, or cost.prices_file from `spotray prices`")
+    records = [attempt("a", 0, 10, T0, T0 + 3600, ["ip-0", "ray-1"])]
+    assert cost.money_text(cost_of(records, typed[:1] + untyped[:1]).to_dict()) == (
+        "unknown: no price for g5.xlarge spot (1 node), 1 node of no known instance type (ray-1); set cost.node (what "
+        "the nodes are, off Kubernetes) and cost.prices")
+    records = [attempt("a", 0, 10, T0, T0 + 3600, [f"ray-{i}" for i in range(1, 6)])]
+    assert cost.money_text(cost_of(records, untyped).to_dict()) == (
+        "unknown: no price for 5 nodes of no known instance type (ray-1, ray-2, ray-3 and 2 more); set cost.node (what "
+        "the nodes are, off Kubernetes) and cost.prices")
+    assert cost.money_text(cost_of(records, []).to_dict()).startswith("unknown: no price for 5 nodes of no known")
+
+
 def test_warm_spares_and_the_head_and_core_nodes_are_billed_for_the_runs_wall_time():
     records = [attempt("a", 0, 10, T0, T0 + 3600, ["n1"])]
     head, core = {"usd_per_hour": 0.5}, {"usd_per_hour": 0.2}

@@ -39,6 +39,7 @@ FREE_FIRST_HOUR_S = 3600.0
 UNRECORDED_REFRESH_S = 2.0  # the driver looks new nodes up every 2 s (``progress.ProgressMonitor``)
 # When ``spotray status`` trusts the interruption rate a run has seen over the pool's (``planner`` may use it).
 TRUSTED_INTERRUPTIONS, TRUSTED_NODE_HOURS = 5, 20.0
+NAMED_UNPRICED = 3  # an unknown cost names this many unpriced nodes of no known type, then counts the rest
 
 T = TypeVar("T")
 
@@ -281,11 +282,29 @@ class LiveCost:
             self._busy.release()
 
 
+def _unpriced_text(bills: list[dict]) -> str:
+    """What has no price, by instance type (a run may hold hundreds of nodes), and the setting that gives one."""
+    prices = "set cost.prices, or cost.prices_file from `spotray prices`"
+    if not bills:
+        return f"no price for the run's nodes (none recorded yet); {prices}"
+    typed = Counter(f"{b['instance_type']} {b['capacity_type'] or ''}".rstrip() for b in bills if b["instance_type"])
+    untyped = sorted(b["node"] for b in bills if not b["instance_type"])
+    parts = [f"{kind} ({_nodes(count)})" for kind, count in sorted(typed.items())]
+    if untyped:
+        more = f" and {len(untyped) - NAMED_UNPRICED} more" if len(untyped) > NAMED_UNPRICED else ""
+        parts.append(f"{_nodes(len(untyped))} of no known instance type ({', '.join(untyped[:NAMED_UNPRICED])}{more})")
+    fix = prices if not untyped else "set cost.node (what the nodes are, off Kubernetes) and cost.prices"
+    return f"no price for {', '.join(parts)}; {fix}"
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' if count != 1 else ''}"
+
+
 def money_text(figures: dict) -> str:
     """``RunCost.to_dict()``'s money in one line."""
     if figures["usd"] is None:
-        missing = ", ".join(figures["unpriced_nodes"]) or "the run's nodes (none recorded yet)"
-        return f"unknown: no price for {missing}; set cost.prices, or cost.prices_file from `spotray prices`"
+        return f"unknown: {_unpriced_text([bill for bill in figures['nodes'] if bill['usd'] is None])}"
     parts = [f"${figures['usd']:,.2f}{' (example prices)' if figures['example_prices'] else ''}"]
     per_million = figures["usd_per_million_tokens"]
     parts.append(f"${per_million:,.2f} per million tokens" if per_million is not None else
