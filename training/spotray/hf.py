@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 
 from transformers import TrainerCallback
 
@@ -41,6 +42,7 @@ class SpotrayCallback(TrainerCallback):
     def __init__(self):
         self.tokens_seen = 0
         self.warned_space = False
+        self.mark = time.perf_counter()  # the end of the last step, evaluation or save: where the next one began
 
     def _check_space(self, output_dir: str, checkpoint_bytes: int) -> None:
         """Once: the disk must hold the next checkpoint beside the newest (the one still uploading)."""
@@ -56,7 +58,7 @@ class SpotrayCallback(TrainerCallback):
         if session is None:
             return
         session.plan(state.max_steps)
-        self.tokens_seen = state.num_input_tokens_seen
+        self.tokens_seen, self.mark = state.num_input_tokens_seen, time.perf_counter()
         if state.global_step >= state.max_steps and (final := session.finished_before()) is not None:
             raise sessions.FinishedAlready(final)
 
@@ -71,13 +73,25 @@ class SpotrayCallback(TrainerCallback):
             control.should_save = True
         if control.should_save:
             session.files.wait()  # the Trainer's rotation may delete the directory still being uploaded
+        self.mark = time.perf_counter()
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        session = sessions.current()
+        if session is None or not metrics:
+            return
+        now = time.perf_counter()
+        runtime = next((v for k, v in metrics.items() if k.endswith("_runtime")), now - self.mark)
+        session.evaluated(state.global_step, _eval_metrics(metrics), runtime)
+        self.mark = now
 
     def on_save(self, args, state, control, **kwargs):
         session = sessions.current()
         if session is None:
             return
         step = state.global_step
-        session.commit(os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{step}"), step)
+        session.commit(os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}{step}"), step,
+                       written_s=time.perf_counter() - self.mark)
+        self.mark = time.perf_counter()
         _remove_committed(args.output_dir, session.files.committed, state.best_model_checkpoint)
         self._check_space(args.output_dir, session.files.nbytes)
         if session.should_stop():
@@ -88,6 +102,15 @@ class SpotrayCallback(TrainerCallback):
         if session is not None and logs and "loss" in logs:
             session.report(state.global_step, loss=logs["loss"], learning_rate=logs.get("learning_rate"),
                            grad_norm=logs.get("grad_norm"))
+
+
+def _eval_metrics(metrics: dict) -> dict[str, float]:
+    """The Trainer's ``eval_loss`` as spotray's ``val_loss``, its other metrics without the ``eval_`` prefix, and
+    none of its timings."""
+    timings = ("_runtime", "_samples_per_second", "_steps_per_second")
+    named = {("val_loss" if key == "eval_loss" else key.removeprefix("eval_")): value for key, value in metrics.items()
+             if key.startswith("eval_") and not key.endswith(timings) and isinstance(value, int | float)}
+    return {key: float(value) for key, value in named.items()}
 
 
 def _remove_committed(output_dir: str, committed: list[int], best: str | None) -> None:

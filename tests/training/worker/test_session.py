@@ -216,6 +216,44 @@ def test_a_scripts_commit_waits_for_the_records_of_its_steps(tmp_path, monkeypat
     assert commits == [(3, 3)]
 
 
+def test_a_trainers_evaluation_and_save_are_their_own_time_not_the_next_steps(tmp_path, monkeypatch):
+    """The callback's hooks as a Trainer calls them: step 1, an evaluation (3 s), a save (2 s), step 2."""
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from spotray import hf
+    from spotray.accounts import goodput, ledger
+
+    clock = [0.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: clock[0], time=time.time, sleep=time.sleep)
+    monkeypatch.setattr(session, "time", fake_time)
+    monkeypatch.setattr(hf, "time", fake_time)
+    current = open_session(0, 1, script_config(tmp_path / "runs"))
+    session.begin(current)
+    current.restore(str(tmp_path / "resume"))
+    callback, args = hf.SpotrayCallback(), SimpleNamespace(output_dir=str(tmp_path / "out"))
+    state, control = TrainerState(max_steps=10), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    for clock[0], hook in ((1.0, "step"), (4.0, "evaluate"), (6.0, "save"), (7.0, "step")):
+        if hook == "step":
+            state.global_step += 1
+            callback.on_step_end(args, state, control)
+        elif hook == "evaluate":
+            callback.on_evaluate(args, state, control, metrics={"eval_loss": 2.0, "eval_accuracy": 0.5,
+                                                                "eval_runtime": 3.0, "epoch": 0.1})
+        else:
+            write_files(tmp_path / "out" / "checkpoint-1", 0, 1)
+            callback.on_save(args, state, control)
+    current.finish(moved=False)
+    session.begin(None)
+    attempts, attempt = current.attempts, current.attempt_id
+    assert {step: r.seconds for step, r in ledger.read_steps(attempts, attempt).items()} == {1: 1.0, 2: 1.0}
+    assert ledger.read_evals(attempts, attempt)[1]["metrics"] == {"val_loss": 2.0, "accuracy": 0.5}
+    status = goodput.read_status(attempts, attempt)
+    assert status is not None and (status["eval_s"], status["checkpoint_save_s"]) == (3.0, 2.0)
+
+
 def test_outside_spotray_train_the_calls_do_nothing(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert spotray.restore(str(tmp_path)) is None and spotray.should_save(10) is False

@@ -69,6 +69,7 @@ class Session:
         self._notice: tuple[int, float, float] | None = None  # (step, deadline, noticed at)
         self._warned: set[str] = set()
         self._last_report_at: float  # from _open on
+        self._aside_s = 0.0  # since the last report: saving and evaluating, each its own category, not the next step
 
     def plan(self, max_steps: int) -> None:
         """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
@@ -104,14 +105,17 @@ class Session:
                 return True
         return self.cadence.save_due(step) or step == self.max_steps
 
-    def commit(self, directory: str, step: int) -> None:
+    def commit(self, directory: str, step: int, written_s: float = 0.0) -> None:
+        """``written_s``: what the script's own save of ``directory`` took, where it knows (a Trainer's)."""
         self._ensure_open()
         started = time.perf_counter()
         self.files.commit(directory, step)
         notice = self._notice
         committed = self.files.wait() if notice else None  # a notice's checkpoint must be in storage before going
-        blocked = time.perf_counter() - started
-        log.info("step %d: training waited %.3fs for its commit to start", step, blocked)
+        waited = time.perf_counter() - started
+        log.info("step %d: training waited %.3fs for its commit to start", step, waited)
+        blocked = written_s + waited
+        self._aside_s += blocked
         self.telemetry.checkpoint(blocked, self.files.last_save_s)
         self.cadence.saved(step, blocked, self.files.last_save_s or blocked, self._mean_step_s())
         if notice is not None:
@@ -129,12 +133,19 @@ class Session:
         self.stop = move_or_wait(deadline, step, self.checkpointer.agree, self.env.rank, self.env.capacity_elsewhere,
                                  self.telemetry, self.cfg.fault_tolerance.move_on_notice)
 
+    def evaluated(self, step: int, metrics: dict[str, float], seconds: float) -> None:
+        """The script evaluated after ``step`` (``val_loss`` ...) for ``seconds``: the eval category's, not a step's."""
+        self._ensure_open()
+        self._aside_s += seconds
+        self.telemetry.evaluated(step, metrics, seconds)
+
     def report(self, step: int, tokens: int | None = None, **metrics: float) -> None:
         """Rank 0's record of ``step``; a second report of a step adds metrics to it (its time is the first's)."""
         self._ensure_open()
         now = time.perf_counter()
         if step not in self.steps:
-            seconds, self._last_report_at = now - self._last_report_at, now
+            seconds, self._last_report_at = max(0.0, now - self._last_report_at - self._aside_s), now
+            self._aside_s = 0.0
             self.steps[step] = {"s": seconds}
             self.telemetry.step_done(seconds)
             self.last_step = max(self.last_step, step)
