@@ -275,6 +275,9 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     assert abs(spot["goodput"] - run.goodput) < 0.05
     with pytest.raises(SpotrayError, match="^--interruptions-per-node-hour: .* saw 2 spot nodes interrupted in"):
         estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64")
+    for longer in (("--tokens", "1B"), ("--steps", "1000000")):  # the run's 2 interruptions were in its 1,800 steps
+        with pytest.raises(SpotrayError, match=r"another size or length than the run's \(2 nodes, 1,800 steps\)"):
+            estimate("--from", str(INTERRUPTED_RUN), *longer)
     estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64", "--interruptions-per-node-hour", "0.01",
              "--every-steps", "auto")  # flags override the run's figures
     assert "64     spot" in capsys.readouterr().out

@@ -138,7 +138,10 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
         if "checkpoint_bytes" in given or "storage_bytes_per_s" in given:  # the bandwidth rule over measured times
             for name in ("blocking_save_s", "save_s", "restore_s"):
                 values.pop(name, None)
-        if "interruptions_per_node_hour" in given or "nodes" in given and given["nodes"] != values["nodes"]:
+        # The run's count of interruptions replays that run alone: another size or length needs a rate.
+        other_run = ("nodes" in given and given["nodes"] != values["nodes"] or "tokens" in given
+                     or given.get("steps", values["steps"]) != values["steps"])
+        if "interruptions_per_node_hour" in given or other_run:
             values.pop("interruptions", None)
         if "steps" not in given and "tokens" in given:
             values.pop("steps", None)
@@ -149,8 +152,7 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
     for name, message in _REQUIRED_FIXES.items():
         if name not in merged:
             raise SpotrayError(message)
-    if ("interruptions_per_node_hour" not in merged and "interruptions" not in merged and measured
-            and "nodes" in given):
+    if "interruptions_per_node_hour" not in merged and "interruptions" not in merged and measured:
         merged["interruptions_per_node_hour"] = _observed_rate(measured)
     known = {f.name for f in fields(Inputs)}
     return Inputs(**{k: v for k, v in merged.items() if k in known}), measured
@@ -166,9 +168,11 @@ def _observed_rate(measured: Measured) -> float:
     if bill.rate_trusted and rate is not None:  # trusted: some node-hours
         return rate
     seen = f" ({rate:.3g} per node-hour)" if rate is not None else ""
-    raise SpotrayError(f"--interruptions-per-node-hour: is required to plan other sizes than the run's "
-                       f"{measured.values['nodes'][0]} nodes; the run saw {bill.nodes_interrupted} spot nodes "
-                       f"interrupted in {bill.node_hours:.2f} node-hours{seen}, trusted only from "
+    nodes = measured.values["nodes"][0]
+    raise SpotrayError(f"--interruptions-per-node-hour: is required to plan another size or length than the run's "
+                       f"({nodes} node{'s' if nodes != 1 else ''}, {measured.values['steps']:,} steps); the run saw "
+                       f"{bill.nodes_interrupted} spot nodes interrupted in {bill.node_hours:.2f} node-hours{seen}, "
+                       "trusted only from "
                        f"{TRUSTED_INTERRUPTIONS} nodes interrupted and {TRUSTED_NODE_HOURS:g} node-hours: give the "
                        "pool's rate")
 
@@ -216,10 +220,11 @@ def render(inputs: Inputs, plans: list[Plan], measured: Measured | None = None) 
     for nodes in inputs.nodes:
         blocking, save, restore = save_times(inputs, nodes)
         snapshot = next((p.snapshot_interval_steps for p in plans if p.nodes == nodes), None)
-        lines.append(f"{nodes} nodes: a save blocks {blocking:.3g} s of {save:.3g} s, restore {restore:.3g} s"
+        lines.append(f"{nodes} node{'s' if nodes != 1 else ''}: a save blocks {blocking:.3g} s of {save:.3g} s, "
+                     f"restore {restore:.3g} s"
                      + ("" if snapshot is None else f"; a snapshot every {snapshot:,} steps, blocking "
                         f"{snapshot_time(inputs, nodes):.3g} s"))
-    rate = ("a count of " + str(inputs.interruptions) if inputs.interruptions is not None
+    rate = (f"{inputs.interruptions} in the whole run" if inputs.interruptions is not None
             else f"{inputs.interruptions_per_node_hour:g} per node-hour")
     spare = inputs.spare_restart_s
     lines.append(f"interruptions: spot {rate}, on-demand {inputs.on_demand_interruptions_per_node_hour:g} per "
