@@ -146,9 +146,13 @@ def test_more_eval_samples_than_the_val_set_holds_is_one_line(split_dataset_url,
     assert "eval.samples" in line and "lower it to at most" in line
 
 
-def test_evaluation_without_a_val_set_is_one_line(dataset_url, tmp_path, capsys):
+def test_evaluation_without_a_val_set_is_one_line_that_says_what_turned_it_on_and_each_way_out(dataset_url, tmp_path,
+                                                                                               capsys):
     line = bad_run(tmp_path, capsys, dataset_url, "eval.every_steps=10")
-    assert "data.val_path" in line and "--val-fraction" in line
+    assert "data.val_path" in line and "(eval.every_steps=10)" in line and "--val-fraction" in line
+    assert "into a new --output" in line and "turn evaluation off" in line  # prepare refuses to write over a dataset
+    line = bad_run(tmp_path, capsys, dataset_url, "checkpoint.keep_best=true")
+    assert "(checkpoint.keep_best=true)" in line
 
 
 def test_a_val_set_of_another_tokenizer_is_one_line(split_dataset_url, tmp_path, capsys):

@@ -97,13 +97,19 @@ def attention_flops_per_token(n_layer: int, seq_len: int, d_model: int) -> float
     return 12 * n_layer * seq_len * d_model
 
 
+def _why_evaluating(cfg: TrainConfig) -> str:
+    reasons = [f"eval.every_steps={cfg.eval.every_steps}"] if cfg.eval.every_steps is not None else []
+    return ", ".join(reasons + ["checkpoint.keep_best=true"] * cfg.checkpoint.keep_best)
+
+
 def _checked_val_dataset(cfg: TrainConfig, training: TokenDataset) -> TokenDataset:
     """The run's validation set: ``data.val_path``, else ``<data.path>/val``; checked against the training set's
     tokenizer and ``eval.samples``."""
     url = cfg.data.val_path or val_split_url(cfg.data.path)
     if cfg.data.val_path is None and not resolve(url, cfg.storage.options()).child("index.json").exists():
-        raise ConfigError("data.val_path", f"evaluation is on but {url} holds no prepared dataset",
-                          "prepare one with `spotray prepare --val-fraction 0.01`, or set data.val_path=URL")
+        raise ConfigError("data.val_path", f"evaluation is on ({_why_evaluating(cfg)}) but {url} holds no prepared "
+                          "dataset", "prepare the corpus again with `spotray prepare --val-fraction 0.01` into a new "
+                          "--output, set data.val_path=URL, or turn evaluation off")
     try:
         val = TokenDataset.open(url, cfg.train.seq_len, cfg.storage.options())
     except DataError as exc:
