@@ -57,7 +57,7 @@ def test_exported_model_gives_the_trained_models_logits(fsdp_runs, name, tmp_pat
     cfg = fsdp_runs[name]
     before = tree_digest(_run_dir(cfg))
     result = export(run_root(cfg).url, str(tmp_path / "out"), max_shard_bytes=200_000)
-    assert result["step"] == 10 and result["config"]
+    assert result["step"] == 10 and result["config"] == ["config.json"]
     assert "model.safetensors.index.json" in result["files"]  # sharded above the size limit
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="sdpa").eval()
     task, model = trained_model(cfg)
@@ -103,20 +103,48 @@ def test_a_url_that_is_not_a_run_is_refused(tmp_path):
     assert result.returncode == 2 and "no committed checkpoint" in result.stderr
 
 
-def test_the_datasets_tokenizer_is_exported_with_the_model(tmp_path):
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
+
+def test_a_pretrained_models_tokenizer_files_and_generation_config_are_exported_with_it(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """The model directory a run starts from, with its tokenizer's special tokens, chat template and generation
+    settings: the data prepared with its tokenizer, 2 steps, export. AutoTokenizer and GenerationConfig read the
+    export as they read the original."""
+    from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+
+    from spotray.cli import main
     from spotray.data.prepare import prepare
     from tests.corpus import write_corpus
     from tests.training.data.test_data import train_bpe
+    from tests.training.tasks.test_hf_causal_lm import save_tiny
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     corpus = write_corpus(tmp_path / "corpus", documents=8)
-    train_bpe(tmp_path / "tok", [p.read_text() for p in sorted(Path(corpus).iterdir())])
-    prepare(corpus, str(tmp_path / "tokens"), tokenizer=str(tmp_path / "tok"))
+    model = tmp_path / "model"
+    save_tiny("llama", model)
+    bpe = train_bpe(tmp_path / "bpe", [p.read_text() for p in sorted(Path(corpus).iterdir())])
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                            chat_template=CHAT_TEMPLATE).save_pretrained(model)
+    GenerationConfig(eos_token_id=bpe.token_to_id("<|endoftext|>"), max_new_tokens=7).save_pretrained(model)
+    prepare(corpus, str(tmp_path / "tokens"), tokenizer=str(model))
     cfg = make_config(str(tmp_path / "tokens"), str(tmp_path / "ckpt"), "t", "train.max_steps=2",
-                      "scaling.num_workers=1")
+                      "scaling.num_workers=1", model={"hf": {"pretrained": str(model)}})
     train_locally(cfg)
-    result = export(run_root(cfg).url, str(tmp_path / "out"))
-    assert result["tokenizer"]
-    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (tmp_path / "tok" / "tokenizer.json").read_bytes()
+
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert main(["export", run_root(cfg).url, "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip().endswith(": model.safetensors + config.json + generation_config.json + "
+                                                    "tokenizer.json + chat_template.jinja + tokenizer_config.json")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (out / name).read_bytes() == (model / name).read_bytes(), name
+    exported, original = AutoTokenizer.from_pretrained(out), AutoTokenizer.from_pretrained(model)
+    assert (exported.eos_token, exported.pad_token, exported.chat_template) == ("<|endoftext|>",) * 2 + (CHAT_TEMPLATE,)
+    messages = [{"role": "user", "content": "hi"}]
+    assert exported.apply_chat_template(messages, tokenize=False) == original.apply_chat_template(messages,
+                                                                                                  tokenize=False)
+    assert GenerationConfig.from_pretrained(out).to_dict() == GenerationConfig.from_pretrained(model).to_dict()
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])

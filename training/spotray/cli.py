@@ -124,7 +124,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     result = export(args.run_url, args.out, step=args.step, best=args.best,
                     options=StorageOptions(endpoint_url=args.endpoint_url),
                     max_shard_bytes=int(args.max_shard_gb * 1024**3))
-    extras = "".join(f" + {name}" for name in (["config.json"] if result["config"] else []) + result["tokenizer"])
+    extras = "".join(f" + {name}" for name in result["config"] + result["tokenizer"])
     print(f"exported step {result['step']} to {result['out']}: {', '.join(result['files'])}{extras}")
 
 

@@ -27,6 +27,7 @@ from spotray.data.hf_byte_tokenizer import byte_tokenizer_files
 from spotray.data.tokenizer import BYTES, ByteTokenizer
 from spotray.errors import CheckpointError, SpotrayError
 from spotray.storage import Location, StorageOptions, resolve
+from spotray.tasks import GENERATION_CONFIG
 from spotray.tasks.gpt import to_gpt2
 
 RENAMES = {"gpt": to_gpt2}
@@ -49,7 +50,7 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
         raise ExportError(f"checkpoint step {checkpoint.step} holds a training script's own files ({FILES_FORMAT}), "
                           "not spotray's: its script saves the model (e.g. trainer.save_model), or copy "
                           f"{checkpoint.location.child('files').url} as it is")
-    record, tokenizer = read_model_record(run_root)
+    record, tokenizer_files = read_model_record(run_root)
     if record is None:
         raise ExportError(f"{run_url} records no model description (checkpoints/model.json): it was trained by an "
                           "older spotray; re-run one step of it with this version, then export")
@@ -60,16 +61,17 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     rename = RENAMES[record["rename"]] if record.get("rename") else dict
     files = _write_weights(checkpoint, names, rename, out_dir)
     hf_config = record.get("hf_config")
-    tokenizer_files = {"tokenizer.json": tokenizer} if tokenizer is not None else {}
-    if tokenizer is None and hf_config and _trained_on_bytes(record):
+    if not tokenizer_files and hf_config and _trained_on_bytes(record):
         tokenizer_files = byte_tokenizer_files()
         eot = ByteTokenizer.eot_token
         hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}
-    if hf_config:
-        out_dir.child("config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    configs = {"config.json": hf_config, GENERATION_CONFIG: record.get("hf_generation_config")}
+    configs = {name: config for name, config in configs.items() if config}
+    for name, config in configs.items():
+        out_dir.child(name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name, data in tokenizer_files.items():
         out_dir.child(name).write_bytes(data)
-    return {"step": checkpoint.step, "out": out, "files": files, "config": bool(hf_config),
+    return {"step": checkpoint.step, "out": out, "files": files, "config": list(configs),
             "tokenizer": list(tokenizer_files)}
 
 

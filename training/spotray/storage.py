@@ -101,6 +101,10 @@ class Location:
         return Location(f"{self.url.rstrip('/')}/{joined}", self.fs, f"{self.path.rstrip('/')}/{joined}",
                         self.options)
 
+    def parent(self) -> Location:
+        return Location(self.url.rstrip("/").rsplit("/", 1)[0], self.fs, posixpath.dirname(self.path.rstrip("/")),
+                        self.options)
+
     def file_named(self, name: str) -> Location:
         """This location, or its child ``name`` where this is a directory (``model_dir`` or ``model_dir/x.json``)."""
         return self.child(name) if self.is_dir() else self
@@ -159,8 +163,12 @@ class Location:
 
     def read_text_if_exists(self) -> str | None:
         """One GET where ``exists()`` and ``read_text()`` would make two requests; None where there is nothing."""
+        data = self.read_bytes_if_exists()
+        return data.decode("utf-8") if data is not None else None
+
+    def read_bytes_if_exists(self) -> bytes | None:
         try:
-            return self.read_text()
+            return self.read_bytes()
         except NotFound:
             return None
 

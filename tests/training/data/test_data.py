@@ -139,21 +139,30 @@ def test_a_process_unpickles_one_hf_tokenizer_however_many_tasks_send_it(tmp_pat
     assert tokens.tolist() == tok.encode_documents(["the lazy fox"])[0].tolist() and lengths.tolist() == [len(tokens)]
 
 
-def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_copy(tmp_path, s3_bucket):
+# A model directory's tokenizer files beside tokenizer.json: its special tokens and chat template.
+COMPANIONS = {"tokenizer_config.json": '{"eos_token": "<|endoftext|>"}', "chat_template.jinja": "{{ messages }}"}
+
+
+@pytest.mark.parametrize("spec", ["model", "model/tokenizer.json"])
+def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_copy_with_its_companion_files(
+        tmp_path, s3_bucket, spec):
     bucket_url, options = s3_bucket
     texts = ["the quick brown fox jumps", "over the lazy dog"]
     train_bpe(tmp_path / "model", texts)
     (tmp_path / "model" / "config.json").write_text("{}")  # a model directory, not a bare tokenizer.json
+    for name, text in COMPANIONS.items():
+        (tmp_path / "model" / name).write_text(text)
     for path in (tmp_path / "model").iterdir():
         resolve(f"{bucket_url}/model/{path.name}", options).put_file(str(path))
     corpus = write_corpus(tmp_path / "corpus", {f"{i}.txt": t for i, t in enumerate(texts)})
 
-    index = prepare(str(corpus), f"{bucket_url}/tokens", tokenizer=f"{bucket_url}/model", options=options)
+    index = prepare(str(corpus), f"{bucket_url}/tokens", tokenizer=f"{bucket_url}/{spec}", options=options)
 
     assert index["tokenizer_file"] == "tokenizer.json"
-    copy = TokenDataset.open(f"{bucket_url}/tokens", seq_len=3, options=options).tokenizer_file
-    assert copy is not None
-    assert copy.read_bytes() == (tmp_path / "model" / "tokenizer.json").read_bytes()
+    copies = TokenDataset.open(f"{bucket_url}/tokens", seq_len=3, options=options).tokenizer_files
+    assert sorted(copies) == sorted(["tokenizer.json", *COMPANIONS])  # not config.json: the model's
+    for name, copy in copies.items():
+        assert copy.read_bytes() == (tmp_path / "model" / name).read_bytes()
 
 
 def test_uint32_is_used_when_the_vocab_does_not_fit_in_uint16(tmp_path):
@@ -267,6 +276,7 @@ def test_missing_index_says_to_run_prepare(tmp_path, out):
         ({"version": 2}, "version"),
         ({"total_tokens": 999}, "shards"),
         ({"shards": [{"name": "../escape.bin", "tokens": 13, "sha256": ""}]}, "shards"),
+        ({"tokenizer_companions": ["../tokenizer_config.json"]}, "tokenizer_companions"),
     ],
 )
 def test_bad_index_fields_are_named(tmp_path, change, field):

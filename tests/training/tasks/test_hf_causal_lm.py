@@ -142,13 +142,26 @@ def test_pretrained_start_from_s3_under_fsdp_equals_from_pretrained_and_reads_on
     assert all(0 < b <= 0.6 * model_bytes for b in bytes_read), (bytes_read, model_bytes)
 
 
-def test_a_pretrained_directory_without_weights_is_refused_before_training(dataset_url, tmp_path):
+def no_weights(model) -> None:
+    (model / "model.safetensors").unlink()
+
+
+def broken_generation_config(model) -> None:
+    (model / "generation_config.json").write_text('{"eos_token_id": ')
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    (no_weights, "no model.safetensors"),
+    (broken_generation_config, "generation_config.json is not valid JSON"),
+])
+def test_a_pretrained_directory_without_weights_or_with_a_broken_generation_config_is_refused_before_training(
+        damage, expected, dataset_url, tmp_path):
     save_tiny("llama", tmp_path / "model")
-    (tmp_path / "model" / "model.safetensors").unlink()
+    damage(tmp_path / "model")
     result = spotray_train(dataset_url, tmp_path, f"model.hf.pretrained={tmp_path / 'model'}", "train.seq_len=32")
     errors = [line for line in result.stderr.splitlines() if line.startswith("spotray: error")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr
-    assert "model.hf.pretrained" in errors[0] and "no model.safetensors" in errors[0]
+    assert "model.hf.pretrained" in errors[0] and expected in errors[0]
     assert not (tmp_path / "ckpt").exists()
 
 

@@ -695,20 +695,26 @@ def load_model_tensors(checkpoint: CommittedCheckpoint, names: list[str], key: s
 _MODEL_RECORD, _TOKENIZER = "model.json", "tokenizer.json"
 
 
-def write_model_record(run_root: Location, record: dict, tokenizer: Location | None) -> None:
+def write_model_record(run_root: Location, record: dict, tokenizer_files: dict[str, Location]) -> None:
     """What ``spotray export`` needs besides the weights: the task's export spec, and a copy of the dataset's
-    tokenizer (copied once: a run keeps its data)."""
+    tokenizer files (each copied once: a run keeps its data)."""
     root = checkpoints_root(run_root)
+    for name, source in tokenizer_files.items():
+        if not root.child(name).exists():
+            root.child(name).write_bytes(source.read_bytes())
+    record = {**record, "tokenizer_files": list(tokenizer_files)}
     root.child(_MODEL_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
-    if tokenizer is not None and not root.child(_TOKENIZER).exists():
-        root.child(_TOKENIZER).write_bytes(tokenizer.read_bytes())
 
 
-def read_model_record(run_root: Location) -> tuple[dict | None, bytes | None]:
+def read_model_record(run_root: Location) -> tuple[dict | None, dict[str, bytes]]:
+    """The model record, and the tokenizer files copied with it by name (a record from before the companion files
+    lists none: its tokenizer.json, if any)."""
     root = checkpoints_root(run_root)
-    record_loc, tokenizer_loc = root.child(_MODEL_RECORD), root.child(_TOKENIZER)
-    record = json.loads(record_loc.read_text()) if record_loc.exists() else None
-    return record, tokenizer_loc.read_bytes() if tokenizer_loc.exists() else None
+    text = root.child(_MODEL_RECORD).read_text_if_exists()
+    record = json.loads(text) if text is not None else None
+    names = record.get("tokenizer_files", [_TOKENIZER]) if record is not None else [_TOKENIZER]
+    found = {name: root.child(name).read_bytes_if_exists() for name in names}
+    return record, {name: data for name, data in found.items() if data is not None}
 
 
 def list_committed(root: Location, warn: bool = True, damaged: bool = False) -> list[CommittedCheckpoint]:

@@ -65,10 +65,14 @@ class TokenDataset:
         return self.index["tokenizer"]
 
     @property
-    def tokenizer_file(self) -> Location | None:
-        """The copy of the HuggingFace tokenizer.json the data was prepared with; None for the byte tokenizer."""
-        name = self.index.get("tokenizer_file")
-        return resolve(self.url, self.options).child(name) if name else None
+    def tokenizer_files(self) -> dict[str, Location]:
+        """The copies of the HuggingFace tokenizer the data was prepared with, by file name: its tokenizer.json and
+        the companion files found beside it (none for the byte tokenizer)."""
+        root = resolve(self.url, self.options)
+        stored = self.index.get("tokenizer_file")
+        companions = self.index.get("tokenizer_companions", [])
+        files = ({"tokenizer.json": stored} if stored else {}) | {name: name for name in companions}
+        return {name: root.child(path) for name, path in files.items()}
 
     def __len__(self) -> int:
         return self.num_samples

@@ -73,6 +73,9 @@ def validate_index(index: object, where: str) -> None:
     tokenizer_file = index.get("tokenizer_file")
     if tokenizer_file is not None and not (isinstance(tokenizer_file, str) and _relative_name(tokenizer_file)):
         raise bad("tokenizer_file", f"must be a file name inside the dataset or null, got {tokenizer_file!r}")
+    companions = index.get("tokenizer_companions", [])
+    if not (isinstance(companions, list) and all(isinstance(n, str) and _relative_name(n) for n in companions)):
+        raise bad("tokenizer_companions", f"must be a list of file names inside the dataset, got {companions!r}")
     shards = index.get("shards")
     if not isinstance(shards, list) or not all(_valid_shard(s) for s in shards):
         raise bad("shards", "must be a list of {name, tokens, sha256} entries with names inside the dataset")

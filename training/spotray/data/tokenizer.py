@@ -8,10 +8,13 @@ import hashlib
 import numpy as np
 
 from spotray.errors import DataError, StorageError
-from spotray.storage import StorageOptions, resolve
+from spotray.storage import Location, StorageOptions, resolve
 
 BYTES = "bytes"
 _EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>")
+# What AutoTokenizer reads beside a tokenizer.json for the special tokens and the chat template: a prepared dataset
+# keeps a copy of those found, and `spotray export` writes them next to the model.
+COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 
 
 class Tokenizer:
@@ -89,10 +92,23 @@ def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> 
     if spec == BYTES:
         return ByteTokenizer()
     try:
-        data = resolve(spec, options).file_named("tokenizer.json").read_bytes()
+        data = _tokenizer_json(spec, options).read_bytes()
     except StorageError:
         raise DataError(
             f"--tokenizer '{spec}': no tokenizer.json found there; give 'bytes', a HuggingFace tokenizer.json or a "
             "model directory holding one (local or s3://)"
         ) from None
     return HFTokenizer(data, spec)
+
+
+def tokenizer_companions(spec: str, options: StorageOptions | None = None) -> dict[str, bytes]:
+    """The ``COMPANION_FILES`` beside the tokenizer.json that ``spec`` names, by name; none for the byte tokenizer."""
+    if spec == BYTES:
+        return {}
+    directory = _tokenizer_json(spec, options).parent()
+    found = {name: directory.child(name).read_bytes_if_exists() for name in COMPANION_FILES}
+    return {name: data for name, data in found.items() if data is not None}
+
+
+def _tokenizer_json(spec: str, options: StorageOptions | None) -> Location:
+    return resolve(spec, options).file_named("tokenizer.json")

@@ -28,6 +28,9 @@ class Samples(Protocol):
     def batch(self, ids: Sequence[int]) -> torch.Tensor | dict[str, torch.Tensor]: ...
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
 @dataclass(frozen=True)
 class ExportSpec:
     """How a trained state dict becomes a Hugging Face model directory: its config.json, and ``rename``, the name of
@@ -35,6 +38,7 @@ class ExportSpec:
 
     hf_config: dict
     rename: str | None = None
+    generation_config: dict | None = None  # generation_config.json, where the model came with one
 
 
 class Task(Protocol):

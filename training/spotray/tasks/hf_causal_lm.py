@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from spotray.errors import ConfigError, StorageError
-from spotray.storage import resolve
-from spotray.tasks import ExportSpec
+from spotray.storage import Location, resolve
+from spotray.tasks import GENERATION_CONFIG, ExportSpec
 from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
 from spotray.tasks.pretrained import check_directory, load_sharded
 
@@ -24,8 +24,11 @@ class HFTask(LanguageModelTask):
         self.pretrained = hf.pretrained
         self.config = _auto_config(*_config_source(hf, cfg.storage.options()))
         self._check_fits_data()
+        self.generation_config = None
         if self.pretrained:
-            check_directory(resolve(self.pretrained, cfg.storage.options()), "model.hf.pretrained")
+            directory = resolve(self.pretrained, cfg.storage.options())
+            check_directory(directory, "model.hf.pretrained")
+            self.generation_config = _generation_config(directory)
 
     def _check_fits_data(self) -> None:
         model_vocab, data_vocab = self.config.get_text_config().vocab_size, self.dataset.vocab_size
@@ -70,7 +73,7 @@ class HFTask(LanguageModelTask):
             text.num_hidden_layers, self.cfg.train.seq_len, text.hidden_size)
 
     def export_spec(self) -> ExportSpec:
-        return ExportSpec(hf_config=self.config.to_dict())
+        return ExportSpec(hf_config=self.config.to_dict(), generation_config=self.generation_config)
 
     def load_pretrained(self, model: torch.nn.Module) -> int:
         return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
@@ -99,6 +102,22 @@ def _config_source(hf, options) -> tuple[dict, str]:
     if not isinstance(mapping, dict):
         raise ConfigError(key, f"{location.url} is not a JSON object", "give a Transformers config.json")
     return mapping, key
+
+
+def _generation_config(directory: Location) -> dict | None:
+    """The pretrained model's generation_config.json (its stop tokens, sampling defaults), which export writes too."""
+    location = directory.child(GENERATION_CONFIG)
+    text = location.read_text_if_exists()
+    if text is None:
+        return None
+    try:
+        mapping = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("model.hf.pretrained", f"{location.url} is not valid JSON ({exc})",
+                          "fix or re-save it, or delete it") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError("model.hf.pretrained", f"{location.url} is not a JSON object", "fix or delete it")
+    return mapping
 
 
 def _auto_config(mapping: dict, key: str):

@@ -347,8 +347,9 @@ def _record_failure(telemetry: Telemetry, writer: ledger.RecordWriter, exc: Base
 def _record_model(cfg: TrainConfig, root: Location, parts: TrainingParts) -> None:
     spec = parts.task.export_spec()
     record = {"task": cfg.model.task or cfg.model.kind, "hf_config": spec.hf_config if spec else None,
+              "hf_generation_config": spec.generation_config if spec else None,
               "rename": spec.rename if spec else None, "tokenizer": getattr(parts.dataset, "tokenizer", None)}
-    write_model_record(root, record, getattr(parts.dataset, "tokenizer_file", None))
+    write_model_record(root, record, getattr(parts.dataset, "tokenizer_files", {}))
 
 
 def _seed_after_restore(cfg: TrainConfig, env: WorkerEnv, step: int, restored: CommittedCheckpoint | None) -> None:
