@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import yaml
 
 from cluster.charts import STORAGE_SECRET
+from cluster.job_checks import check_for_cluster
 from cluster.pod_security import (
     cache_env,
     container_context,
@@ -41,6 +42,7 @@ from infra.kernel.names import (
     TRAINING_NAMESPACE,
     TRAINING_PRIORITY_CLASS,
     TRAINING_SERVICE_ACCOUNT,
+    datasets_bucket,
     minio_endpoint,
     prometheus_url,
 )
@@ -80,6 +82,7 @@ class JobSettings:
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
     storage_ca_secret: str | None = None  # a Secret whose ca.crt signed the endpoint's certificate (MinIO)
+    storage_roots: tuple[str, ...] = ()  # the s3://bucket/prefix/ URLs its pods may write; empty: not the stack's say
     prometheus_url: str | None = None
 
 
@@ -97,8 +100,18 @@ def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | N
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
                        storage_secret=STORAGE_SECRET if minio else None,
                        storage_ca_secret=MINIO_CA_SECRET if minio else None,
+                       storage_roots=_storage_roots(stack),
                        prometheus_url=prometheus_url(monitoring.release, monitoring.namespace)
                        if monitoring.mode == "install" else None)
+
+
+def _storage_roots(stack: StackConfig) -> tuple[str, ...]:
+    """Where the stack's training credentials may write: MinIO's user and the AWS role are limited to the prefix in
+    the stack's buckets; an existing cluster's own bucket is reached with whatever access it has."""
+    prefix = stack.storage.prefix
+    if stack.storage.backend == "minio":
+        return tuple(f"s3://{bucket}/{prefix}/" for bucket in (stack.bucket, datasets_bucket(stack.bucket)))
+    return (f"s3://{stack.bucket}/{prefix}/",) if stack.platform == "aws" else ()
 
 
 def job_name(cfg: TrainConfig) -> str:
@@ -114,12 +127,8 @@ def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     credentials and env.forward variables from Secrets, so the driver does not copy them again. A run that sets no
     interruption rate plans for its pool's; one that sets no prices, warm spares or Prometheus bills with its
     pool's prices, counts its pool's warm spares and reads Karpenter's estimates from the stack's Prometheus."""
+    check_for_cluster(cfg, settings.gpu_pool, settings.job.gpus_per_worker, settings.storage_roots)
     cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
-    if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
-        raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
-                          "RayJob's cluster cannot read",
-                          "bake the code into the training image (COPY it in training/Dockerfile, `make image`), or "
-                          "give the URI of a zip of it in storage (s3://bucket/code.zip)")
     if cfg.fault_tolerance.expected_interruptions_per_hour is None:
         rate = settings.pool_interruptions_per_hour
         cfg = replace(cfg, fault_tolerance=replace(cfg.fault_tolerance, expected_interruptions_per_hour=rate))

@@ -34,8 +34,9 @@ SETTINGS = JobSettings(image="123456789012.dkr.ecr.us-west-2.amazonaws.com/spotr
 
 
 def train_config(*overrides):
-    return load(None, ["data.path=s3://b/data", "checkpoint.path=s3://b/ckpt", "run.name=gpt-a10g",
-                       "scaling.num_workers=4", "scaling.use_gpu=true", "env.forward=[WANDB_API_KEY]", *overrides])
+    return load(None, ["data.path=s3://spotray-dev/spotray/data", "checkpoint.path=s3://spotray-dev/spotray/ckpt",
+                       "run.name=gpt-a10g", "scaling.num_workers=4", "scaling.use_gpu=true",
+                       "env.forward=[WANDB_API_KEY]", *overrides])
 
 
 @pytest.fixture(scope="module")
