@@ -188,7 +188,21 @@ def test_min_chars_drops_short_documents_and_counts_them(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", ["tiny", "long enough text", "", "no"])
     index = prepare(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), min_chars=5)
     assert token_stream(str(tmp_path / "out")) == byte_stream(["long enough text"])
-    assert index["removed"] == {"short": 2, "duplicates": 0, "bad_lines": 0}
+    assert index["removed"] == {"short": 3, "duplicates": 0, "bad_lines": 0}
+
+
+def test_empty_and_null_texts_in_every_format_are_dropped_and_counted_even_at_min_chars_0(tmp_path, capsys):
+    """Hugging Face exports hold null texts: a JSON null or a Parquet null is an empty document, not a missing
+    field (a JSONL line without the field still stops the run)."""
+    write_jsonl(tmp_path / "in" / "a.jsonl", ["one", None, "", "two"])
+    write_parquet(tmp_path / "in" / "b.parquet", ["three", None, ""])
+    (tmp_path / "in" / "c.txt").write_text("")
+    (tmp_path / "in" / "d.txt").write_text("four")
+    assert main(["prepare", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                 "--min-chars", "0"]) == 0
+    assert token_stream(str(tmp_path / "out")) == byte_stream(["one", "two", "three", "four"])
+    assert read_index(resolve(str(tmp_path / "out")))["removed"] == {"short": 5, "duplicates": 0, "bad_lines": 0}
+    assert "removed 5 documents empty or shorter than --min-chars" in capsys.readouterr().out
 
 
 @pytest.mark.e2e

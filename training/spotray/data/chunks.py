@@ -127,7 +127,7 @@ def tokenize_chunk(job: ChunkJob, tokenizer: Tokenizer, report: Report) -> dict:
 
     for piece in job.pieces:
         for text in reader.documents(piece):
-            if len(text) < settings.min_chars:
+            if not text or len(text) < settings.min_chars:
                 short += 1
                 continue
             digest = document_digest(text) if hashed else b""

@@ -259,7 +259,7 @@ def _check_not_empty(index: dict, val_index: dict | None, patterns: list[str]) -
 
 
 def _removed_text(removed: dict) -> str:
-    return (f"{removed['short']} documents shorter than --min-chars, {removed['duplicates']} duplicates, "
+    return (f"{removed['short']} documents empty or shorter than --min-chars, {removed['duplicates']} duplicates, "
             f"{removed['bad_lines']} bad lines skipped")
 
 

@@ -226,6 +226,8 @@ class DocumentReader:
     stats: ReadStats = field(default_factory=ReadStats)
 
     def documents(self, piece: Piece) -> Iterator[str]:
+        """Every document's text, empty ones ("", a JSON null, a Parquet null, an empty file) as "" for the
+        caller to count."""
         loc = resolve(piece.url, self.options)
         before = self.stats.bytes_in  # counted as it goes for progress, then set exactly
         if piece.format == "parquet":
@@ -233,9 +235,7 @@ class DocumentReader:
         elif piece.format == "jsonl":
             yield from self._jsonl(loc, piece)
         else:
-            text = self._read_whole(loc, piece).decode("utf-8", errors="replace")
-            if text:
-                yield text
+            yield self._read_whole(loc, piece).decode("utf-8", errors="replace")
         self.stats.bytes_in = before + piece.size
 
     def _read_whole(self, loc: Location, piece: Piece) -> bytes:
@@ -253,10 +253,11 @@ class DocumentReader:
     def _jsonl(self, loc: Location, piece: Piece) -> Iterator[str]:
         for line, offset in self._lines(loc, piece):
             text = self._field(line, loc, piece, offset)
-            if text:
+            if text is not None:
                 yield text
 
     def _field(self, line: bytes, loc: Location, piece: Piece, offset: int) -> str | None:
+        """The line's text ("" for a null one); None for a blank line or a bad one skipped."""
         if not line.strip():
             return None
         try:
@@ -267,6 +268,8 @@ class DocumentReader:
         if not isinstance(record, dict):
             self._bad(loc, piece, offset, f"is a JSON {type(record).__name__}, not an object")
             return None
+        if self.text_field in record and record[self.text_field] is None:
+            return ""
         text = record.get(self.text_field)
         if not isinstance(text, str):
             problem = "has no" if text is None else f"has a non-string ({type(text).__name__})"
@@ -343,8 +346,7 @@ class DocumentReader:
             batches = parquet.iter_batches(batch_size=1024, row_groups=[group], columns=[self.text_field])
             for batch in _guarded(batches, f"row group {group} of {loc.url}"):
                 for text in batch.column(0).to_pylist():
-                    if text:
-                        yield text
+                    yield text or ""
             self.stats.bytes_in += _compressed_size(parquet.metadata.row_group(group))
 
 
