@@ -14,12 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from spotray.cli import main
+from spotray.data import prepare_progress as progress_module
 from spotray.data import sources
 from spotray.data.executors import InlineExecutor, RayExecutor
 from spotray.data.index import read_index, val_split_url
 from spotray.data.prepare import prepare, verify
 from spotray.errors import DataError, StorageError
 from spotray.storage import Location, resolve
+from tests.training.data.test_prepare_progress import Terminal
 
 EOT = 256
 
@@ -291,6 +293,18 @@ def test_a_missing_text_field_names_the_field_and_the_fields_there(tmp_path):
         prepare(str(tmp_path / "p.parquet"), str(tmp_path / "out2"), text_field="body")
     with pytest.raises(DataError, match=re.escape("column 'id' holds int64, not text")):
         prepare(str(tmp_path / "p.parquet"), str(tmp_path / "out2"), text_field="id")
+
+
+def test_a_parquet_prepares_live_line_ends_at_100_percent(tmp_path, monkeypatch):
+    """The share done counts the row groups' bytes read against all of them, not against the files' sizes (their
+    footers and the columns not read included): it ended at 55 %."""
+    monkeypatch.setattr(progress_module, "TTY_INTERVAL_S", 0)
+    for name in "ab":
+        write_parquet(tmp_path / "in" / f"{name}.parquet", [f"doc {name} {i} " * 50 for i in range(40)])
+    terminal = Terminal()
+    prepare(str(tmp_path / "in"), str(tmp_path / "out"), progress_stream=terminal)
+    last = terminal.getvalue().split("\r")[-1]
+    assert " | 100%" in last, last
 
 
 def test_a_file_named_parquet_that_is_not_parquet_is_named(tmp_path):

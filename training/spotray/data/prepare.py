@@ -116,7 +116,7 @@ def prepare(
     jobs = [ChunkJob(k, tuple(pieces), chunk_settings, out.url, options)
             for k, pieces in enumerate(plan_chunks(files, settings.chunk_bytes, options))]
     executor = executor or InlineExecutor()
-    progress = PrepareProgress(sum(f.size for f in files), progress_stream)
+    progress = PrepareProgress(sum(piece.size for job in jobs for piece in job.pieces), progress_stream)
     try:
         manifests = _run(tokenize_chunk, jobs, tokenizer, out, executor, progress)
     finally:
