@@ -226,7 +226,8 @@ def _on_demand_usd(records: list[goodput.AttemptRecord], account: goodput.Accoun
     shares = [_gpu_share(final, n, facts.get(n, NodeFacts(n)).gpus) for n in dict.fromkeys(final.nodes)]
     trained = sum(len(r.steps) for r in records)
     kept_fraction = len(account.kept) / trained if trained else 1.0
-    first_start = records[0].entered_at - account.started_at + records[0].status_of("startup_s")
+    first_start = (records[0].entered_at - account.started_at + records[0].status_of("startup_s")
+                   + records[0].status_of("compile_s"))
     seconds = (account.seconds["productive"] + first_start
                + kept_fraction * (account.seconds["checkpoint_save"] + account.seconds["eval"]))
     return seconds / 3600 * sum(p * s for p, s in zip(prices, shares, strict=True))

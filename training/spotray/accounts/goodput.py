@@ -15,11 +15,13 @@ from spotray.accounts import endings, ledger
 from spotray.storage import Location
 
 STATUS_FILE = "status.json"
-# eval: validation passes, in the wall time but neither productive nor wasted; snapshot_*: in-memory snapshots
-CATEGORIES = ("productive", "startup", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save", "eval",
-              "wasted", "waiting", "other")
-SNAPSHOT_CATEGORIES = ("snapshot_restore", "snapshot_save")  # shown where the run took snapshots
-CLOCKED = ("startup", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save", "eval")  # by each attempt
+# eval: validation passes, in the wall time but neither productive nor wasted; compile: torch.compile's compiling;
+# snapshot_*: in-memory snapshots
+CATEGORIES = ("productive", "startup", "compile", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save",
+              "eval", "wasted", "waiting", "other")
+USED_ONLY_CATEGORIES = ("compile", "snapshot_restore", "snapshot_save")  # shown where the run compiled, snapshotted
+CLOCKED = ("startup", "compile", "restore", "snapshot_restore", "checkpoint_save", "snapshot_save",
+           "eval")  # by each attempt
 
 
 class AttemptClock:

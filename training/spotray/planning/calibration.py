@@ -61,7 +61,8 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
     if resumed:
         values["restore_s"] = statistics.fmean(a.status_of("restore_s") for a in resumed)
     first = records[0]
-    values["startup_s"] = first.entered_at - account.started_at + first.status_of("startup_s")
+    values["startup_s"] = (first.entered_at - account.started_at + first.status_of("startup_s")
+                           + first.status_of("compile_s"))
     recoveries = [_restart_s(prev, cur, values["step_s"]) for prev, cur in zip(records, records[1:], strict=False)]
     restarts = [r for r in recoveries if r is not None]
     if restarts:

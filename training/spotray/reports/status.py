@@ -323,7 +323,7 @@ def _at_most(counted: dict) -> str:
 
 def _goodput_text(status: dict) -> str:
     badput = ", ".join(f"{category} {seconds:,.0f}s" for category, seconds in status["badput_s"].items()
-                       if seconds or category not in goodput.SNAPSHOT_CATEGORIES)
+                       if seconds or category not in goodput.USED_ONLY_CATEGORIES)
     paused = (f"; paused {status['paused_s']:,.0f}s between a stop or a finish and a rerun (not counted)"
               if status["paused_s"] else "")
     return f"{100 * status['goodput']:.1f}% of {status['total_s']:,.0f}s; badput: {badput}{paused}"

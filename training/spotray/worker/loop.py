@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -58,6 +59,7 @@ from spotray.worker.cadence import (
     too_short,
 )
 from spotray.worker.compile_cache import CompileCache
+from spotray.worker.compile_time import CompileTimer
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
@@ -385,6 +387,7 @@ class _StepLoop:
         self.cfg, self.env, self.parts = cfg, env, parts
         self.checkpointer, self.records, self.telemetry = checkpointer, records, telemetry
         self.snapshots, self.compile_cache = snapshots, compile_cache
+        self.compile_timer = CompileTimer() if cfg.train.compile else None
         self.snapshot_interval = SnapshotInterval(cfg.snapshot.every_steps, cfg.fault_tolerance.interruptions_per_hour,
                                                   parts.progress.step)
         self.snapshot_slowdown = SnapshotSlowdown()
@@ -407,7 +410,8 @@ class _StepLoop:
         # stalls. Unfrozen at the end, so that a survivor's next generation can collect this one's cycles.
         gc.freeze()
         try:
-            return self._run()
+            with self.compile_timer or contextlib.nullcontext():
+                return self._run()
         finally:
             gc.unfreeze()
 
@@ -445,7 +449,14 @@ class _StepLoop:
         started = time.perf_counter()
         metrics = self.evaluator(self.parts.model)
         self.val_losses[step] = metrics.get("val_loss")
-        self.telemetry.evaluated(step, metrics, time.perf_counter() - started)
+        self.telemetry.evaluated(step, metrics, time.perf_counter() - started - self._compiled())
+
+    def _compiled(self) -> float:
+        """The seconds compiled since the last call: on the attempt's clock as ``compile``, not the step's."""
+        seconds = self.compile_timer.take() if self.compile_timer is not None else 0.0
+        if seconds:
+            self.telemetry.compiled(seconds)
+        return seconds
 
     def _train_step(self) -> int:
         parts, env = self.parts, self.env
@@ -456,7 +467,7 @@ class _StepLoop:
         upcoming = parts.sampler.rank_slice(parts.sampler.consumed, env.rank, env.world_size)
         batch = self.prefetch.get(ids, upcoming if parts.progress.step + 1 < self.last_step else None)
         result = parts.step(batch)
-        seconds = self.last_step_s = time.perf_counter() - started
+        seconds = self.last_step_s = time.perf_counter() - started - self._compiled()
         parts.progress.step += 1
         step = parts.progress.step
         self.pending_losses.append((step, result, seconds))

@@ -146,6 +146,9 @@ class Telemetry:
     def step_done(self, seconds: float) -> None:
         """A step took ``seconds``."""
 
+    def compiled(self, seconds: float) -> None:
+        """``torch.compile`` compiled for ``seconds`` (not counted in the step or evaluation it compiled in)."""
+
     def logged(self, step: int, loss: float, lr: float, failed_saves: int,
                last_checkpoint: CommittedCheckpoint | None, memory: dict[str, list[int] | None]) -> None:
         """A log interval ended at ``step``; ``memory``: every rank's figures (``memory.all_ranks``)."""
@@ -242,6 +245,9 @@ class RankZeroTelemetry(Telemetry):
             self.clock.flush()
         self.productive_s += seconds
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
+
+    def compiled(self, seconds: float) -> None:
+        self.clock.add("compile", seconds)
 
     def logged(self, step: int, loss: float, lr: float, failed_saves: int,
                last_checkpoint: CommittedCheckpoint | None, memory: dict[str, list[int] | None]) -> None:
