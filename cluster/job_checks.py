@@ -4,15 +4,17 @@ start GPU nodes to write checkpoints that vanish with each pod, or train on CPU 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError
 
+if TYPE_CHECKING:
+    from cluster.rayjob import JobSettings
 
-def check_for_cluster(cfg: TrainConfig, gpu_pool: str, gpus_per_worker: int, storage_roots: tuple[str, ...]) -> None:
-    """``storage_roots``: the ``s3://bucket/prefix/`` URLs the stack lets training pods write (empty: any)."""
-    if not cfg.scaling.use_gpu:
-        raise ConfigError("scaling.use_gpu", f"is false, but the job's workers run on GPU pool {gpu_pool} with "
-                          f"{gpus_per_worker} GPU(s) each, which would stay idle", "set scaling.use_gpu: true")
+
+def check_for_cluster(cfg: TrainConfig, settings: JobSettings) -> None:
+    _check_gpus(cfg, settings)
     if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
         raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
                           "RayJob's cluster cannot read",
@@ -20,7 +22,7 @@ def check_for_cluster(cfg: TrainConfig, gpu_pool: str, gpus_per_worker: int, sto
                           "give the URI of a zip of it in storage (s3://bucket/code.zip)")
     for key, url in (("checkpoint.path", cfg.checkpoint.path), ("audit_dir", cfg.audit_dir)):
         if url is not None:
-            _check_writable(key, url, storage_roots)
+            _check_writable(key, url, settings.storage_roots)
     hf = cfg.model.hf
     reads = {"data.path": cfg.data.path, "data.val_path": cfg.data.val_path,
              "model.hf.pretrained": hf.pretrained if hf else None,
@@ -28,8 +30,21 @@ def check_for_cluster(cfg: TrainConfig, gpu_pool: str, gpus_per_worker: int, sto
     for key, url in reads.items():
         if url is not None and "://" not in url and not url.startswith("/"):
             raise ConfigError(key, f"{url} is a path of this machine, which the job's pods cannot read",
-                              f"give its s3:// URL (upload it under {_example_root(storage_roots)}), or an absolute "
-                              "path inside the training image")
+                              f"give its s3:// URL (upload it under {_example_root(settings.storage_roots)}), or an "
+                              "absolute path inside the training image")
+
+
+def _check_gpus(cfg: TrainConfig, settings: JobSettings) -> None:
+    pool, per_worker, limit = settings.gpu_pool, settings.job.gpus_per_worker, settings.pool_gpu_limit
+    if not cfg.scaling.use_gpu:
+        raise ConfigError("scaling.use_gpu", f"is false, but the job's workers run on GPU pool {pool} with "
+                          f"{per_worker} GPU(s) each, which would stay idle", "set scaling.use_gpu: true")
+    fewest = cfg.scaling.min_workers or cfg.scaling.num_workers
+    if limit is not None and fewest * per_worker > limit:
+        key = "scaling.min_workers" if cfg.scaling.min_workers else "scaling.num_workers"
+        raise ConfigError(key, f"{fewest} workers of {per_worker} GPU(s) need {fewest * per_worker} GPUs, over pool "
+                          f"{pool}'s gpuLimit {limit}: the job would wait for nodes the pool never launches",
+                          f"train on at most {limit // per_worker} workers, or raise the pool's gpuLimit")
 
 
 def _check_writable(key: str, url: str, roots: tuple[str, ...]) -> None:

@@ -78,6 +78,7 @@ class JobSettings:
     pool_interruptions_per_hour: float | None = None
     pool_prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # {instance type: {capacity: USD/h}}
     pool_warm_spares: int = 0
+    pool_gpu_limit: int | None = None
     job: TrainingJobConfig = field(default_factory=TrainingJobConfig)
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
@@ -96,6 +97,7 @@ def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | N
                        pool_interruptions_per_hour=pool.interruptions_per_hour if pool else None,
                        pool_prices=dict(pool.prices_usd_per_hour) if pool else {},
                        pool_warm_spares=pool.warm_spares if pool else 0,
+                       pool_gpu_limit=pool.gpu_limit if pool else None,
                        job=stack.training,
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
                        storage_secret=STORAGE_SECRET if minio else None,
@@ -127,7 +129,7 @@ def config_map(cfg: TrainConfig, settings: JobSettings) -> dict:
     credentials and env.forward variables from Secrets, so the driver does not copy them again. A run that sets no
     interruption rate plans for its pool's; one that sets no prices, warm spares or Prometheus bills with its
     pool's prices, counts its pool's warm spares and reads Karpenter's estimates from the stack's Prometheus."""
-    check_for_cluster(cfg, settings.gpu_pool, settings.job.gpus_per_worker, settings.storage_roots)
+    check_for_cluster(cfg, settings)
     cfg = replace(cfg, env=replace(cfg.env, on_nodes=True))
     if cfg.fault_tolerance.expected_interruptions_per_hour is None:
         rate = settings.pool_interruptions_per_hour

@@ -10,6 +10,8 @@ from spotray.config import load
 from tests.cluster.stacks import stack
 from tests.repo import REPO
 
+ELASTIC = "scaling.num_workers=8 train.global_batch_size=840"  # 840: every size from 4 to 8 divides it
+
 
 @pytest.mark.parametrize(("override", "key", "says"), [
     ("checkpoint.path=./runs", "checkpoint.path", "lost with the pod at a preemption"),
@@ -18,20 +20,26 @@ from tests.repo import REPO
     ("data.path=./data", "data.path", "a path of this machine"),
     ("model.hf.pretrained=models/llama", "model.hf.pretrained", "a path of this machine"),
     ("scaling.use_gpu=false", "scaling.use_gpu", "GPU pool a10g-spot with 1 GPU(s) each, which would stay idle"),
+    ("scaling.num_workers=8", "scaling.num_workers", "8 workers of 1 GPU(s) need 8 GPUs, over pool a10g-spot's "
+                                                     "gpuLimit 4: the job would wait for nodes the pool never"),
+    (f"scaling.min_workers=5 {ELASTIC}", "scaling.min_workers", "5 workers of 1 GPU(s) need 5 GPUs"),
 ])
 def test_a_config_the_jobs_pods_cannot_keep_or_read_or_that_leaves_its_gpus_idle_is_one_line(project, override, key,
                                                                                              says, capsys):
     """A config tried on a laptop: its checkpoints would vanish with each pod, its data is not on the cluster, or
     it trains on CPU beside the GPUs it pays for. The fix names the stack's own storage."""
-    assert main(["submit", "--stack", "dev", "--config", str(project / "run.yaml"), "--set", override,
+    sets = [arg for each in override.split() for arg in ("--set", each)]
+    assert main(["submit", "--stack", "dev", "--config", str(project / "run.yaml"), *sets,
                  "--image", "r.example.com/t:9", "--dry-run", "--project-dir", str(REPO)]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert f"'{key}'" in line and says in line, line
-    assert "s3://spotray-dev/spotray/" in line or key == "scaling.use_gpu", line
+    assert "s3://spotray-dev/spotray/" in line or key.startswith("scaling."), line
 
 
-@pytest.mark.parametrize("override", ["checkpoint.path=s3://spotray-dev-datasets/spotray/ckpt",
-                                      "data.path=/opt/data", "model.hf.pretrained=s3://models/llama"])
-def test_the_stacks_buckets_an_absolute_path_in_the_image_and_a_model_in_any_bucket_are_accepted(project, override):
-    cfg = load(str(project / "run.yaml"), [override])
+@pytest.mark.parametrize("overrides", [["checkpoint.path=s3://spotray-dev-datasets/spotray/ckpt"],
+                                       ["data.path=/opt/data"], ["model.hf.pretrained=s3://models/llama"],
+                                       [*ELASTIC.split(), "scaling.min_workers=4"]])
+def test_the_stacks_buckets_an_absolute_path_in_the_image_a_model_in_any_bucket_and_a_shrinkable_size_are_accepted(
+        project, overrides):
+    cfg = load(str(project / "run.yaml"), overrides)
     assert len(list(yaml.safe_load_all(submit(cfg, stack(project), image="r.example.com/t:9", dry_run=True)))) == 2
