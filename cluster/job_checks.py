@@ -42,9 +42,11 @@ def _check_gpus(cfg: TrainConfig, settings: JobSettings) -> None:
     fewest = cfg.scaling.min_workers or cfg.scaling.num_workers
     if limit is not None and fewest * per_worker > limit:
         key = "scaling.min_workers" if cfg.scaling.min_workers else "scaling.num_workers"
+        fits = limit // per_worker
         raise ConfigError(key, f"{fewest} workers of {per_worker} GPU(s) need {fewest * per_worker} GPUs, over pool "
                           f"{pool}'s gpuLimit {limit}: the job would wait for nodes the pool never launches",
-                          f"train on at most {limit // per_worker} workers, or raise the pool's gpuLimit")
+                          (f"train on at most {fits} workers, or " if fits else "")
+                          + f"raise the pool's gpuLimit to {fewest * per_worker}")
 
 
 def _check_writable(key: str, url: str, roots: tuple[str, ...]) -> None:

@@ -4,9 +4,13 @@ is applied; the stack's own storage is accepted (``cluster/job_checks.py``, thro
 import pytest
 import yaml
 
+from cluster.job_checks import check_for_cluster
+from cluster.rayjob import JobSettings
 from cluster.submit import submit
 from infra.cli import main
+from infra.kernel.config import TrainingJobConfig
 from spotray.config import load
+from spotray.errors import ConfigError
 from tests.cluster.stacks import stack
 from tests.repo import REPO
 
@@ -43,3 +47,11 @@ def test_the_stacks_buckets_an_absolute_path_in_the_image_a_model_in_any_bucket_
         project, overrides):
     cfg = load(str(project / "run.yaml"), overrides)
     assert len(list(yaml.safe_load_all(submit(cfg, stack(project), image="r.example.com/t:9", dry_run=True)))) == 2
+
+
+def test_a_worker_wider_than_its_pools_gpu_limit_is_told_the_limit_it_needs(project):
+    settings = JobSettings(image="r.example.com/t:9", gpu_pool="h100-spot", pool_gpu_limit=4,
+                           job=TrainingJobConfig(gpus_per_worker=8))
+    with pytest.raises(ConfigError, match=r"2 workers of 8 GPU\(s\) need 16 GPUs, over pool h100-spot's gpuLimit 4"
+                                          r".*\. raise the pool's gpuLimit to 16$"):
+        check_for_cluster(load(str(project / "run.yaml")), settings)
