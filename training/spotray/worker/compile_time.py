@@ -10,7 +10,7 @@ import time
 
 
 class CompileTimer:
-    """Within ``with``: the compile seconds since the last ``take``."""
+    """Between ``start`` and ``stop`` (or within ``with``): the compile seconds since the last ``take``."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -18,13 +18,19 @@ class CompileTimer:
         self._seconds = 0.0
 
     def __enter__(self) -> CompileTimer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> CompileTimer:
         from torch._dynamo.callback import callback_handler
 
         callback_handler.register_start_callback(self._started)
         callback_handler.register_end_callback(self._ended)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         from torch._dynamo.callback import callback_handler
 
         callback_handler.remove_start_callback(self._started)

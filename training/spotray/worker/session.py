@@ -23,6 +23,7 @@ from spotray.errors import ConfigError, SpotrayError
 from spotray.worker import memory
 from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
+from spotray.worker.compile_time import CompileTimer
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Session:
         self._warned: set[str] = set()
         self._last_report_at: float  # from _open on
         self._aside_s = 0.0  # since the last report: saving and evaluating, each its own category, not the next step
+        self._compile_timer: CompileTimer | None = None  # from _open on, where the script may compile
 
     def plan(self, max_steps: int) -> None:
         """The steps the script will train (a Trainer knows them once it starts), for progress and the interval."""
@@ -134,17 +136,19 @@ class Session:
                                  self.telemetry, self.cfg.fault_tolerance.move_on_notice)
 
     def evaluated(self, step: int, metrics: dict[str, float], seconds: float) -> None:
-        """The script evaluated after ``step`` (``val_loss`` ...) for ``seconds``: the eval category's, not a step's."""
+        """The script evaluated after ``step`` (``val_loss`` ...) for ``seconds``: the eval category's, not a step's
+        (less what it compiled: the compile category's)."""
         self._ensure_open()
         self._aside_s += seconds
-        self.telemetry.evaluated(step, metrics, seconds)
+        self.telemetry.evaluated(step, metrics, max(0.0, seconds - self._compiled()))
 
     def report(self, step: int, tokens: int | None = None, **metrics: float) -> None:
         """Rank 0's record of ``step``; a second report of a step adds metrics to it (its time is the first's)."""
         self._ensure_open()
         now = time.perf_counter()
         if step not in self.steps:
-            seconds, self._last_report_at = max(0.0, now - self._last_report_at - self._aside_s), now
+            since = now - self._last_report_at - self._aside_s - self._compiled()
+            seconds, self._last_report_at = max(0.0, since), now
             self._aside_s = 0.0
             self.steps[step] = {"s": seconds}
             self.telemetry.step_done(seconds)
@@ -179,6 +183,7 @@ class Session:
         """The script returned (or moved on): the commit in flight ends, the records are written (``final``: the
         run's final record as a finished run's rerun keeps it)."""
         self._ensure_open()
+        self._stop_compile_timer()
         self.files.close()
         if moved:
             self.writer.close(timeout_s=30)
@@ -194,8 +199,21 @@ class Session:
 
     def failed(self, exc: BaseException) -> None:
         self._ensure_open()
+        self._stop_compile_timer()
         self.telemetry.failed(exc)
         self.writer.flush(timeout_s=10)
+
+    def _compiled(self) -> float:
+        """The seconds the script compiled since the last call: on the attempt's clock as ``compile``."""
+        seconds = self._compile_timer.take() if self._compile_timer is not None else 0.0
+        if seconds:
+            self.telemetry.compiled(seconds)
+        return seconds
+
+    def _stop_compile_timer(self) -> None:
+        if self._compile_timer is not None:
+            self._compile_timer.stop()
+            self._compile_timer = None
 
     def _ensure_open(self) -> None:
         """A script that trains without ``restore`` starts from step 0 (and is told where it could resume)."""
@@ -218,6 +236,9 @@ class Session:
             writer=self.writer, log_every=self.cfg.train.log_every)
         self.telemetry.started(time.time() - self.entered_at - restore_s, restore_s)
         self.cadence = self._cadence()
+        # A script that compiles has imported Dynamo by now (torch.compile, or a Trainer through Accelerate); one
+        # that has not is not made to pay its second of import.
+        self._compile_timer = CompileTimer().start() if "torch._dynamo" in sys.modules else None
         self._last_report_at = time.perf_counter()
 
     def _cadence(self) -> Cadence:
