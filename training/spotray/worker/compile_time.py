@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spotray.worker.telemetry import Telemetry
 
 
 class CompileTimer:
@@ -54,3 +58,12 @@ class CompileTimer:
             if self._since is not None:
                 self._seconds += time.perf_counter() - self._since
                 self._since = None
+
+
+def set_apart(timer: CompileTimer | None, telemetry: Telemetry) -> float:
+    """The seconds compiled since the last call, put on the attempt's clock as ``compile`` (none without a timer):
+    the caller takes them out of the step or evaluation they fell in."""
+    seconds = timer.take() if timer is not None else 0.0
+    if seconds:
+        telemetry.compiled(seconds)
+    return seconds

@@ -59,7 +59,7 @@ from spotray.worker.cadence import (
     too_short,
 )
 from spotray.worker.compile_cache import CompileCache
-from spotray.worker.compile_time import CompileTimer
+from spotray.worker.compile_time import CompileTimer, set_apart
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry, peak_flops
 
 log = logging.getLogger(__name__)
@@ -452,11 +452,7 @@ class _StepLoop:
         self.telemetry.evaluated(step, metrics, time.perf_counter() - started - self._compiled())
 
     def _compiled(self) -> float:
-        """The seconds compiled since the last call: on the attempt's clock as ``compile``, not the step's."""
-        seconds = self.compile_timer.take() if self.compile_timer is not None else 0.0
-        if seconds:
-            self.telemetry.compiled(seconds)
-        return seconds
+        return set_apart(self.compile_timer, self.telemetry)
 
     def _train_step(self) -> int:
         parts, env = self.parts, self.env

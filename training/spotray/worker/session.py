@@ -23,7 +23,7 @@ from spotray.errors import ConfigError, SpotrayError
 from spotray.worker import memory
 from spotray.worker.attempt import Records, WorkerEnv, open_records, run_root, shared_attempt_id
 from spotray.worker.cadence import Cadence, move_or_wait, nominal_every_steps, too_short
-from spotray.worker.compile_time import CompileTimer
+from spotray.worker.compile_time import CompileTimer, set_apart
 from spotray.worker.telemetry import RankZeroTelemetry, Telemetry
 
 log = logging.getLogger(__name__)
@@ -204,11 +204,7 @@ class Session:
         self.writer.flush(timeout_s=10)
 
     def _compiled(self) -> float:
-        """The seconds the script compiled since the last call: on the attempt's clock as ``compile``."""
-        seconds = self._compile_timer.take() if self._compile_timer is not None else 0.0
-        if seconds:
-            self.telemetry.compiled(seconds)
-        return seconds
+        return set_apart(self._compile_timer, self.telemetry)
 
     def _stop_compile_timer(self) -> None:
         if self._compile_timer is not None:
