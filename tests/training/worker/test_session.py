@@ -263,10 +263,10 @@ def test_a_scripts_compiling_is_the_compile_category_not_its_steps_or_evaluation
 
     torch._dynamo.reset()
     monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # compiles, whatever ran before
+    train_step, evaluate = torch.compile(lambda x: torch.cos(x) + 1), torch.compile(lambda x: torch.sin(x) * 3)
     current = open_session(0, 1, script_config(tmp_path / "runs"))
     session.begin(current)
-    current.restore(str(tmp_path / "resume"))
-    train_step, evaluate = torch.compile(lambda x: torch.cos(x) + 1), torch.compile(lambda x: torch.sin(x) * 3)
+    current.restore(str(tmp_path / "resume"))  # step 1's time counts from here
     started = time.perf_counter()
     train_step(torch.ones(4))  # compiles
     current.report(1, loss=1.0)
