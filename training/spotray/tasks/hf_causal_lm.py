@@ -95,28 +95,23 @@ def _config_source(hf, options) -> tuple[dict, str]:
     except StorageError:
         raise ConfigError(key, f"no config.json at {url}",
                           "give a config.json file or a directory holding one (local or s3://)") from None
-    try:
-        mapping = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(key, f"{location.url} is not valid JSON ({exc})", "fix or re-save the config") from None
-    if not isinstance(mapping, dict):
-        raise ConfigError(key, f"{location.url} is not a JSON object", "give a Transformers config.json")
-    return mapping, key
+    return _json_object(text, location, key, "give a Transformers config.json"), key
 
 
 def _generation_config(directory: Location) -> dict | None:
     """The pretrained model's generation_config.json (its stop tokens, sampling defaults), which export writes too."""
     location = directory.child(GENERATION_CONFIG)
     text = location.read_text_if_exists()
-    if text is None:
-        return None
+    return _json_object(text, location, "model.hf.pretrained", "fix or delete it") if text is not None else None
+
+
+def _json_object(text: str, location: Location, key: str, fix: str) -> dict:
     try:
         mapping = json.loads(text)
     except ValueError as exc:
-        raise ConfigError("model.hf.pretrained", f"{location.url} is not valid JSON ({exc})",
-                          "fix or re-save it, or delete it") from None
+        raise ConfigError(key, f"{location.url} is not valid JSON ({exc})", "fix or re-save it") from None
     if not isinstance(mapping, dict):
-        raise ConfigError("model.hf.pretrained", f"{location.url} is not a JSON object", "fix or delete it")
+        raise ConfigError(key, f"{location.url} is not a JSON object", fix)
     return mapping
 
 
