@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
 
 from spotray.data.dataset import TokenDataset
 from spotray.data.prepare import prepare
@@ -163,6 +164,50 @@ def test_a_model_directory_on_s3_gives_the_tokenizer_and_the_dataset_keeps_a_cop
     assert sorted(copies) == sorted(["tokenizer.json", *COMPANIONS])  # not config.json: the model's
     for name, copy in copies.items():
         assert copy.read_bytes() == (tmp_path / "model" / name).read_bytes()
+
+
+def save_llama3_style(path, texts: list[str], template_ends_with_eos: bool = False) -> Tokenizer:
+    """A byte-level BPE whose template begins each text with ``<|begin_of_text|>`` (and, if asked, ends it with
+    ``<|end_of_text|>``), saved with the tokenizer_config.json that names its eos_token; it holds ``<|endoftext|>``
+    too, a token that is not its end-of-text."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|begin_of_text|>", "<|end_of_text|>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    ends = " <|end_of_text|>" if template_ends_with_eos else ""
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"<|begin_of_text|> $A{ends}", special_tokens=[(t, tok.token_to_id(t)) for t in
+                                                              ("<|begin_of_text|>", "<|end_of_text|>")])
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin_of_text|>",
+                            eos_token="<|end_of_text|>").save_pretrained(path)
+    return tok
+
+
+@pytest.mark.parametrize("template_ends_with_eos", [False, True])
+def test_each_document_is_encoded_as_its_tokenizer_encodes_it_and_ends_with_its_eos_token(tmp_path,
+                                                                                         template_ends_with_eos):
+    """Llama 3's tokenizer: its template adds the beginning-of-text, its end-of-text is named only in
+    tokenizer_config.json. The dataset's vocabulary is the tokenizer's (a model of that size trains on it)."""
+    texts = ["the quick brown fox jumps", "over the lazy dog", "the dog sleeps"]
+    tok = save_llama3_style(tmp_path / "model", texts, template_ends_with_eos)
+    corpus = write_corpus(tmp_path / "corpus", {f"{i}.txt": t for i, t in enumerate(texts)})
+
+    index = prepare(str(corpus), str(tmp_path / "out"), tokenizer=str(tmp_path / "model"))
+
+    hf = PreTrainedTokenizerFast.from_pretrained(tmp_path / "model")
+    assert (index["vocab_size"], index["eot_token"]) == (tok.get_vocab_size(), hf.eos_token_id)
+    stream = [i for t in texts for i in [*hf(t).input_ids[: -1 if template_ends_with_eos else None],
+                                         hf.eos_token_id]]
+    assert stream[0] == hf.bos_token_id
+    assert np.fromfile(tmp_path / "out" / SHARD0, dtype="<u2").tolist() == stream
+
+
+def test_a_tokenizer_config_that_is_not_json_is_one_line(tmp_path):
+    train_bpe(tmp_path / "tok", ["some text"])
+    (tmp_path / "tok" / "tokenizer_config.json").write_text("{eos_token: </s>")
+    with pytest.raises(DataError, match=r"^--tokenizer '.*tok': its tokenizer_config.json is not a JSON object"):
+        load_tokenizer(str(tmp_path / "tok"))
 
 
 def test_uint32_is_used_when_the_vocab_does_not_fit_in_uint16(tmp_path):

@@ -155,11 +155,14 @@ def test_evaluation_without_a_val_set_is_one_line_that_says_what_turned_it_on_an
     assert "(checkpoint.keep_best=true)" in line
 
 
-def test_a_val_set_of_another_tokenizer_is_one_line(split_dataset_url, tmp_path, capsys):
+@pytest.mark.parametrize(("field", "value", "named"), [("tokenizer", "another-tokenizer", "'another-tokenizer'"),
+                                                       ("eot_token", 10, "(end-of-text id 10)")])
+def test_a_val_set_of_another_tokenizer_or_end_of_text_is_one_line(split_dataset_url, tmp_path, capsys, field, value,
+                                                                   named):
     other = tmp_path / "other"
     shutil.copytree(f"{split_dataset_url}/val", other)
     record = json.loads((other / "index.json").read_text())
-    record["tokenizer"] = "another-tokenizer"
+    record[field] = value
     (other / "index.json").write_text(json.dumps(record))
     line = bad_run(tmp_path, capsys, split_dataset_url, "eval.every_steps=10", f"data.val_path={other}")
-    assert "data.val_path" in line and "another-tokenizer" in line
+    assert "data.val_path" in line and named in line and "(end-of-text id 256)" in line

@@ -78,6 +78,24 @@ def test_a_model_vocabulary_smaller_than_the_datasets_stops_with_both_sizes(data
     assert not (tmp_path / "v").exists()
 
 
+def test_a_tokenizer_without_an_end_of_text_token_says_to_name_the_models_eos_token(tmp_path):
+    """Its dataset holds one more token than the tokenizer: prepare had to add an end-of-text; the model lacks it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from spotray.data.prepare import prepare
+    from tests.corpus import write_corpus
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(320)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    corpus = write_corpus(tmp_path / "corpus", documents=4)
+    prepare(corpus, str(tmp_path / "tokens"), tokenizer=str(tmp_path / "tokenizer.json"))
+    cfg = make_config(str(tmp_path / "tokens"), str(tmp_path), "v", model={"hf": {"config": TINY["llama"]}})
+    with pytest.raises(ConfigError, match=r"^config 'data.path': .*names no end-of-text token, so prepare added one "
+                                          r"\(id 320\) .*name the model's eos_token in the tokenizer_config.json"):
+        launch.preflight(cfg)
+
+
 def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) -> tuple:
     """Rank 0's logits of the model ``build_parts`` starts from, and the bytes each rank read of the weights.
     Plain lists and arrays cross the process boundary: torch shares tensors through a socket that dies with the rank."""

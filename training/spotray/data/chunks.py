@@ -49,6 +49,7 @@ class ChunkSettings:
     shard_tokens: int
     dtype: str
     tokenizer_id: str
+    eot_token: int  # a tokenizer_config.json beside the same tokenizer.json may name another
     val_fraction: float | None
 
     @property

@@ -44,7 +44,7 @@ from spotray.data.index import (
 )
 from spotray.data.prepare_progress import PrepareProgress
 from spotray.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
-from spotray.data.tokenizer import load_tokenizer, tokenizer_companions
+from spotray.data.tokenizer import Tokenizer, load_tokenizer
 from spotray.errors import DataError, StorageError
 from spotray.storage import Location, StorageOptions, resolve
 
@@ -109,10 +109,9 @@ def prepare(
     if not files:
         raise DataError(f"every file --input names is inside --output {out.url}: point --input at the corpus")
     tokenizer = load_tokenizer(settings.tokenizer, options)
-    companions = tokenizer_companions(settings.tokenizer, options)
     chunk_settings = ChunkSettings(settings.text_field, settings.min_chars, settings.dedup, settings.skip_bad_lines,
                                    settings.shard_tokens, dtype_for_vocab(tokenizer.vocab_size),
-                                   tokenizer.tokenizer_id, settings.val_fraction)
+                                   tokenizer.tokenizer_id, tokenizer.eot_token, settings.val_fraction)
     jobs = [ChunkJob(k, tuple(pieces), chunk_settings, out.url, options)
             for k, pieces in enumerate(plan_chunks(files, settings.chunk_bytes, options))]
     executor = executor or InlineExecutor()
@@ -127,13 +126,13 @@ def prepare(
         superseded += [name for number in compacted for name in shard_files(manifests[number])]
         manifests |= compacted
     ordered = [manifests[job.number] for job in jobs]
-    val_index = _val_index(settings, tokenizer, ordered, companions) if settings.val_fraction is not None else None
-    index = _index(settings, patterns, tokenizer, ordered, val_index, companions)
+    val_index = _val_index(settings, tokenizer, ordered) if settings.val_fraction is not None else None
+    index = _index(settings, patterns, tokenizer, ordered, val_index)
     _check_not_empty(index, val_index, patterns)
     if val_index is not None:
-        _write_dataset_files(out.child(VAL_NAME), val_index, tokenizer, companions)
+        _write_dataset_files(out.child(VAL_NAME), val_index, tokenizer)
     # The training index last: a dataset, and its val split, are readable only once every shard is in place.
-    _write_dataset_files(out, index, tokenizer, companions)
+    _write_dataset_files(out, index, tokenizer)
     with ThreadPoolExecutor(IO_THREADS) as pool:  # the dedup hash lists, and the shards that dedup rewrote
         list(pool.map(lambda name: out.child(name).delete_file(), superseded))
     return index
@@ -161,9 +160,9 @@ def _run(fn: Callable, jobs: list, tokenizer, out: Location, executor, progress:
     return manifests
 
 
-def _write_dataset_files(root: Location, index: dict, tokenizer, companions: dict[str, bytes]) -> None:
+def _write_dataset_files(root: Location, index: dict, tokenizer: Tokenizer) -> None:
     tokenizer_files = {TOKENIZER_NAME: tokenizer.file} if tokenizer.file is not None else {}
-    for name, data in (tokenizer_files | companions).items():
+    for name, data in (tokenizer_files | tokenizer.companions).items():
         root.child(name).write_bytes(data)
     root.child(INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
@@ -210,8 +209,8 @@ def _header(settings: PrepareSettings, tokenizer) -> dict:
     }
 
 
-def _index(settings: PrepareSettings, patterns: list[str], tokenizer, manifests: list[dict],
-           val_index: dict | None, companions: dict[str, bytes]) -> dict:
+def _index(settings: PrepareSettings, patterns: list[str], tokenizer: Tokenizer, manifests: list[dict],
+           val_index: dict | None) -> dict:
     shards = [s for m in manifests for s in m["shards"]]
     index = {
         **_header(settings, tokenizer),
@@ -220,7 +219,7 @@ def _index(settings: PrepareSettings, patterns: list[str], tokenizer, manifests:
         "removed": {k: sum(m["removed"][k] for m in manifests) for k in ("short", "duplicates", "bad_lines")},
         "bytes_in": sum(m["bytes_in"] for m in manifests),
         "tokenizer_file": TOKENIZER_NAME if tokenizer.file is not None else None,
-        "tokenizer_companions": sorted(companions),
+        "tokenizer_companions": sorted(tokenizer.companions),
         "source": {"inputs": patterns, **{k: v for k, v in asdict(settings).items() if k != "tokenizer"}},
     }
     if val_index is not None:
@@ -229,7 +228,7 @@ def _index(settings: PrepareSettings, patterns: list[str], tokenizer, manifests:
     return index | {"shards": shards}
 
 
-def _val_index(settings: PrepareSettings, tokenizer, manifests: list[dict], companions: dict[str, bytes]) -> dict:
+def _val_index(settings: PrepareSettings, tokenizer: Tokenizer, manifests: list[dict]) -> dict:
     splits = [m["val"] for m in manifests]
     shards = [s for split in splits for s in split["shards"]]
     return {
@@ -239,7 +238,7 @@ def _val_index(settings: PrepareSettings, tokenizer, manifests: list[dict], comp
         "total_tokens": sum(s["tokens"] for s in shards),
         "num_documents": sum(split["documents"] for split in splits),
         "tokenizer_file": TOKENIZER_NAME if tokenizer.file is not None else None,
-        "tokenizer_companions": sorted(companions),
+        "tokenizer_companions": sorted(tokenizer.companions),
         "shards": shards,
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 
 import numpy as np
 
@@ -11,23 +12,27 @@ from spotray.errors import DataError, StorageError
 from spotray.storage import Location, StorageOptions, resolve
 
 BYTES = "bytes"
-_EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>")
+# Where a tokenizer_config.json names no eos_token: the end-of-text tokens of GPT-2 and Qwen, Llama 2 and Mistral,
+# Gemma, and Llama 3.
+_EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 # What AutoTokenizer reads beside a tokenizer.json for the special tokens and the chat template: a prepared dataset
 # keeps a copy of those found, and `spotray export` writes them next to the model.
 COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 
 
 class Tokenizer:
-    """Turns text into token ids; ``eot_token`` separates documents. ``file`` is the tokenizer.json, if any, that
-    a prepared dataset keeps a copy of (and ``spotray export`` writes next to the model)."""
+    """Turns text into token ids; ``eot_token`` ends each document. ``file`` is the tokenizer.json, if any, that
+    a prepared dataset keeps a copy of (and ``spotray export`` writes next to the model), ``companions`` the
+    ``COMPANION_FILES`` found beside it, by name."""
 
     vocab_size: int
     eot_token: int
     tokenizer_id: str
     file: bytes | None = None
+    companions: dict[str, bytes]
 
     def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The documents' tokens, each followed by ``eot_token``, as one int64 array; and each document's length
+        """The documents' tokens, each ending with ``eot_token``, as one int64 array; and each document's length
         (its end-of-text included)."""
         raise NotImplementedError
 
@@ -39,6 +44,9 @@ class ByteTokenizer(Tokenizer):
     eot_token = 256
     tokenizer_id = BYTES
 
+    def __init__(self) -> None:
+        self.companions = {}
+
     def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encoded = [text.encode("utf-8") for text in texts]
         lengths = np.fromiter((len(b) + 1 for b in encoded), dtype=np.int64, count=len(encoded))
@@ -47,7 +55,10 @@ class ByteTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    def __init__(self, data: bytes, source: str):
+    """A document is encoded as ``tokenizer(text)`` encodes it (with the special tokens its template adds, such as
+    Llama's beginning-of-text), and ends with the tokenizer's ``eos_token``."""
+
+    def __init__(self, data: bytes, source: str, companions: dict[str, bytes]):
         try:
             import tokenizers
         except ImportError:
@@ -57,33 +68,49 @@ class HFTokenizer(Tokenizer):
         except Exception as exc:  # noqa: BLE001 - tokenizers raises bare Exception for malformed files
             raise DataError(f"tokenizer '{source}' is not a valid HuggingFace tokenizer.json: {exc}") from None
         self.vocab_size = self._tok.get_vocab_size()
-        eot = next((i for i in map(self._tok.token_to_id, _EOT_NAMES) if i is not None), None)
+        names = (_eos_token(companions.get("tokenizer_config.json"), source), *_EOT_NAMES)
+        eot = next((i for i in map(self._tok.token_to_id, filter(None, names)) if i is not None), None)
         if eot is None:
             eot = self.vocab_size
             self.vocab_size += 1
         self.eot_token = eot
         self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
         self.file = data
+        self.companions = companions
         self._source = source
 
     def __reduce__(self):
         # A process that runs many prepare tasks builds the Rust tokenizer once: building one per task grew each
         # long-lived Ray worker by about 2 MB a task.
-        return _shared_hf_tokenizer, (self.file, self._source)
+        return _shared_hf_tokenizer, (self.file, self._source, tuple(sorted(self.companions.items())))
 
     def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         flat: list[int] = []
         lengths = np.empty(len(texts), dtype=np.int64)
-        for k, encoding in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=False)):
-            flat.extend(encoding.ids)
-            flat.append(self.eot_token)
-            lengths[k] = len(encoding.ids) + 1
+        for k, encoding in enumerate(self._tok.encode_batch_fast(texts, add_special_tokens=True)):
+            ids = encoding.ids
+            if not ids or ids[-1] != self.eot_token:  # a template may end a text with it already
+                ids = [*ids, self.eot_token]
+            flat.extend(ids)
+            lengths[k] = len(ids)
         return np.array(flat, dtype=np.int64), lengths
 
 
 @functools.lru_cache(maxsize=2)
-def _shared_hf_tokenizer(data: bytes, source: str) -> HFTokenizer:
-    return HFTokenizer(data, source)
+def _shared_hf_tokenizer(data: bytes, source: str, companions: tuple[tuple[str, bytes], ...]) -> HFTokenizer:
+    return HFTokenizer(data, source, dict(companions))
+
+
+def _eos_token(config: bytes | None, source: str) -> str | None:
+    """The ``eos_token`` that a tokenizer_config.json names: a string, or an added token's ``content``."""
+    if config is None:
+        return None
+    try:
+        eos = json.loads(config).get("eos_token")
+    except (ValueError, AttributeError):
+        raise DataError(f"--tokenizer '{source}': its tokenizer_config.json is not a JSON object; fix or remove it "
+                        "(AutoTokenizer reads it too)") from None
+    return eos.get("content") if isinstance(eos, dict) else eos if isinstance(eos, str) else None
 
 
 def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> Tokenizer:
@@ -91,23 +118,16 @@ def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> 
     holding one."""
     if spec == BYTES:
         return ByteTokenizer()
+    location = _tokenizer_json(spec, options)
     try:
-        data = _tokenizer_json(spec, options).read_bytes()
+        data = location.read_bytes()
     except StorageError:
         raise DataError(
             f"--tokenizer '{spec}': no tokenizer.json found there; give 'bytes', a HuggingFace tokenizer.json or a "
             "model directory holding one (local or s3://)"
         ) from None
-    return HFTokenizer(data, spec)
-
-
-def tokenizer_companions(spec: str, options: StorageOptions | None = None) -> dict[str, bytes]:
-    """The ``COMPANION_FILES`` beside the tokenizer.json that ``spec`` names, by name; none for the byte tokenizer."""
-    if spec == BYTES:
-        return {}
-    directory = _tokenizer_json(spec, options).parent()
-    found = {name: directory.child(name).read_bytes_if_exists() for name in COMPANION_FILES}
-    return {name: data for name, data in found.items() if data is not None}
+    found = {name: location.parent().child(name).read_bytes_if_exists() for name in COMPANION_FILES}
+    return HFTokenizer(data, spec, {name: text for name, text in found.items() if text is not None})
 
 
 def _tokenizer_json(spec: str, options: StorageOptions | None) -> Location:

@@ -114,8 +114,16 @@ def _checked_val_dataset(cfg: TrainConfig, training: TokenDataset) -> TokenDatas
         val = TokenDataset.open(url, cfg.train.seq_len, cfg.storage.options())
     except DataError as exc:
         raise ConfigError("data.val_path", str(exc), "point it at a dataset written by `spotray prepare`") from None
-    if (val.index["tokenizer"], val.vocab_size) != (training.index["tokenizer"], training.vocab_size):
-        raise ConfigError("data.val_path", f"{url} was prepared with tokenizer {val.index['tokenizer']!r}, the "
-                          f"training data with {training.index['tokenizer']!r}",
-                          "prepare the validation set with the training data's --tokenizer")
+    if _encoding(val) != _encoding(training):
+        raise ConfigError("data.val_path", f"{url} was prepared with tokenizer {_described(val)}, the training data "
+                          f"with {_described(training)}", "prepare the validation set with the training data's "
+                          "--tokenizer")
     return val
+
+
+def _encoding(dataset: TokenDataset) -> tuple[str, int, int]:
+    return dataset.tokenizer, dataset.vocab_size, dataset.eot_token
+
+
+def _described(dataset: TokenDataset) -> str:
+    return f"{dataset.tokenizer!r} (end-of-text id {dataset.eot_token})"

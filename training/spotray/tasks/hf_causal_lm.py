@@ -32,6 +32,10 @@ class HFTask(LanguageModelTask):
 
     def _check_fits_data(self) -> None:
         model_vocab, data_vocab = self.config.get_text_config().vocab_size, self.dataset.vocab_size
+        if self.dataset.eot_token == model_vocab == data_vocab - 1:
+            raise ConfigError("data.path", f"the dataset's tokenizer names no end-of-text token, so prepare added one "
+                              f"(id {model_vocab}) beyond the model's {model_vocab} tokens", "name the model's "
+                              "eos_token in the tokenizer_config.json beside its tokenizer.json and prepare again")
         if model_vocab < data_vocab:
             raise ConfigError("model.hf", f"the model's vocabulary has {model_vocab} tokens, the dataset's tokenizer "
                               f"{data_vocab}", "prepare the data with this model's tokenizer "
