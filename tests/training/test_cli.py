@@ -204,6 +204,8 @@ def test_the_programs_verbs_run_the_pulumi_program_in_the_clone_at_project_dir(t
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"spotray: error: spotray plan runs the Pulumi program of a clone "
                                                    f"of spotray's repository, and {tmp_path} holds none"), err
+    assert main(["submit", "--help"]) == 0  # a user with the package only
+    assert "submit a training RayJob" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["plan", "--stack", "dev", "--json"]])

@@ -295,11 +295,17 @@ PROGRAM_VERBS = {"plan": "offline preview of a stack (the Pulumi program in --pr
 
 
 def _program_cli(argv: list[str]):
-    """The command line of the Pulumi program in the clone at ``--project-dir``."""
+    """The command line of the Pulumi program in the clone at ``--project-dir``; None where there is none and
+    ``--help`` was asked for (printed here)."""
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--project-dir", default=".")
     project = Path(where.parse_known_args(argv[1:])[0].project_dir).resolve()
     if not ((project / "Pulumi.yaml").is_file() and (project / "infra" / "cli.py").is_file()):
+        if {"-h", "--help"} & set(argv[1:]):
+            print(f"usage: spotray {argv[0]} [--project-dir CLONE] ...\n\n{PROGRAM_VERBS[argv[0]]}. Its options "
+                  f"are the program's: run `spotray {argv[0]} --help` in a clone of spotray's repository, or give "
+                  "--project-dir, to see them.")
+            return None
         raise SpotrayError(f"spotray {argv[0]} runs the Pulumi program of a clone of spotray's repository, and "
                            f"{project} holds none (no Pulumi.yaml and infra/): run it in the clone, or give "
                            "--project-dir")
@@ -313,7 +319,8 @@ def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersA
     argv = sys.argv[1:] if argv is None else argv
     try:
         if not halves and argv[:1] and argv[0] in PROGRAM_VERBS:
-            return _program_cli(argv).main(argv)
+            program = _program_cli(argv)
+            return program.main(argv) if program else 0
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
         parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
         sub = parser.add_subparsers(dest="command", required=True)
