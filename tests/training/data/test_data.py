@@ -235,6 +235,11 @@ def test_missing_tokenizers_library_says_how_to_install(tmp_path, monkeypatch):
 def test_unknown_or_malformed_tokenizer_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="no tokenizer.json"):
         load_tokenizer(str(tmp_path / "nope"))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tokenizer.model").write_bytes(b"sentencepiece")
+    with pytest.raises(DataError, match=r"SentencePiece tokenizer.model but no tokenizer.json: write one beside it "
+                                        r"with AutoTokenizer.from_pretrained\(DIR\).save_pretrained\(DIR\)"):
+        load_tokenizer(str(tmp_path / "old"))
     (tmp_path / "tokenizer.json").write_text('{"model": 1}')
     with pytest.raises(DataError, match="not a valid HuggingFace tokenizer.json"):
         load_tokenizer(str(tmp_path))

@@ -18,6 +18,7 @@ _EOT_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
 # What AutoTokenizer reads beside a tokenizer.json for the special tokens and the chat template: a prepared dataset
 # keeps a copy of those found, and `spotray export` writes them next to the model.
 COMPANION_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
+SENTENCEPIECE_FILE = "tokenizer.model"  # what older model directories hold instead of a tokenizer.json
 
 
 class Tokenizer:
@@ -122,6 +123,10 @@ def load_tokenizer(spec: str = BYTES, options: StorageOptions | None = None) -> 
     try:
         data = location.read_bytes()
     except StorageError:
+        if location.parent().child(SENTENCEPIECE_FILE).exists():
+            raise DataError(f"--tokenizer '{spec}' holds a SentencePiece {SENTENCEPIECE_FILE} but no tokenizer.json: "
+                            "write one beside it with AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) "
+                            "(pip install sentencepiece), then prepare again") from None
         raise DataError(
             f"--tokenizer '{spec}': no tokenizer.json found there; give 'bytes', a HuggingFace tokenizer.json or a "
             "model directory holding one (local or s3://)"
