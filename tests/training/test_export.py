@@ -147,6 +147,47 @@ def test_a_pretrained_models_tokenizer_files_and_generation_config_are_exported_
     assert GenerationConfig.from_pretrained(out).to_dict() == GenerationConfig.from_pretrained(model).to_dict()
 
 
+def test_a_bfloat16_pretrained_model_is_exported_in_bfloat16_and_dtype_chooses_another(dataset_url, tmp_path,
+                                                                                        capsys):
+    """A model that came in bfloat16 trains on float32 weights and goes back in bfloat16 (half the files), as its
+    config says; ``--dtype`` writes another. Sizes in a sharded export's index are the written ones."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from spotray.cli import main
+    from tests.training.tasks.test_hf_causal_lm import save_tiny
+
+    save_tiny("llama", tmp_path / "source")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "source", dtype=torch.bfloat16).save_pretrained(tmp_path / "model")
+    cfg = make_config(dataset_url, str(tmp_path / "ckpt"), "b", "train.max_steps=2", "scaling.num_workers=1",
+                      model={"hf": {"pretrained": str(tmp_path / "model")}})
+    train_locally(cfg)
+    url = run_root(cfg).url
+
+    def exported(out: str, *flags: str) -> dict:
+        assert main(["export", url, "--out", str(tmp_path / out), "--max-shard-gb", "0.0001", *flags]) == 0
+        files = sorted((tmp_path / out).glob("*.safetensors"))
+        tensors: dict[str, torch.Tensor] = {}
+        for file in files:
+            with safe_open(str(file), "pt") as f:
+                tensors |= {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 - safe_open is no mapping
+        index = json.loads((tmp_path / out / "model.safetensors.index.json").read_text())
+        assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+        assert json.loads((tmp_path / out / "config.json").read_text())["dtype"] == str(
+            next(iter(tensors.values())).dtype).removeprefix("torch.")
+        return tensors
+
+    as_came, full = exported("bf16"), exported("fp32", "--dtype", "float32")
+    assert "in bfloat16:" in capsys.readouterr().out.splitlines()[0]
+    assert {t.dtype for t in as_came.values()} == {torch.bfloat16} and {t.dtype for t in full.values()} == {
+        torch.float32}
+    assert all(torch.equal(as_came[key], full[key].to(torch.bfloat16)) for key in full)
+    _, model = trained_model(cfg)
+    assert all(torch.equal(full[key], value) for key, value in model.state_dict().items() if key in full)
+    assert main(["export", url, "--out", str(tmp_path / "x"), "--dtype", "fp8"]) == 2
+    assert capsys.readouterr().err == "spotray: error: --dtype fp8: use one of float32, bfloat16, float16\n"
+
+
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 def test_a_byte_tokenizer_run_exports_a_tokenizer_that_a_pipeline_generates_with(fsdp_runs, name, tmp_path,
                                                                                   monkeypatch, capsys):

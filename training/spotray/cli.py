@@ -123,9 +123,10 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
     result = export(args.run_url, args.out, step=args.step, best=args.best,
                     options=StorageOptions(endpoint_url=args.endpoint_url),
-                    max_shard_bytes=int(args.max_shard_gb * 1024**3))
+                    max_shard_bytes=int(args.max_shard_gb * 1024**3), dtype=args.dtype)
     extras = "".join(f" + {name}" for name in result["config"] + result["tokenizer"])
-    print(f"exported step {result['step']} to {result['out']}: {', '.join(result['files'])}{extras}")
+    print(f"exported step {result['step']} to {result['out']} in {result['dtype']}: {', '.join(result['files'])}"
+          f"{extras}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -226,6 +227,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--best", action="store_true",
                        help="the committed checkpoint with the lowest validation loss (checkpoint.keep_best)")
     p.add_argument("--max-shard-gb", type=float, default=2.0, help="split the weights into files of at most this")
+    p.add_argument("--dtype", default=None,
+                   help="float32, bfloat16 or float16: the weights' type (default: the one the model's config names, "
+                        "as a pretrained model came; else float32)")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint (MinIO); default: AWS_ENDPOINT_URL")
     p.set_defaults(func=_cmd_export)
 

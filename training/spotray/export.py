@@ -5,6 +5,7 @@ by one, so that memory stays near the size of one output file; writes only under
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from spotray.data.hf_byte_tokenizer import byte_tokenizer_files
 from spotray.data.tokenizer import BYTES, ByteTokenizer
 from spotray.errors import CheckpointError, SpotrayError
 from spotray.storage import Location, StorageOptions, resolve
-from spotray.tasks import GENERATION_CONFIG
+from spotray.tasks import EXPORT_DTYPES, GENERATION_CONFIG
 from spotray.tasks.gpt import to_gpt2
 
 RENAMES = {"gpt": to_gpt2}
@@ -41,9 +42,10 @@ class ExportError(SpotrayError):
 
 
 def export(run_url: str, out: str, step: int | None = None, options: StorageOptions | None = None,
-           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, best: bool = False) -> dict:
+           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, best: bool = False, dtype: str | None = None) -> dict:
     """Write step ``step`` (default: the newest committed; ``best``: the lowest validation loss) of the run at
-    ``run_url`` to ``out``; returns a summary."""
+    ``run_url`` to ``out``, its floating-point weights in ``dtype`` (default: the dtype its config.json names, the
+    one a pretrained model came in; else float32); returns a summary."""
     run_root = resolve(run_url, options)
     checkpoint = _pick_best(run_root) if best else _pick(run_root, step)
     if checkpoint.is_files:
@@ -57,10 +59,16 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     out_dir = resolve(out, options)
     if out_dir.child("config.json").exists() or out_dir.child(WEIGHTS).exists() or out_dir.child(INDEX).exists():
         raise ExportError(f"--out {out} already holds a model: choose an empty directory")
-    names = _shards(model_tensors(checkpoint), max_shard_bytes)
-    rename = RENAMES[record["rename"]] if record.get("rename") else dict
-    files = _write_weights(checkpoint, names, rename, out_dir)
     hf_config = record.get("hf_config")
+    dtype = dtype or (hf_config or {}).get("dtype") or "float32"
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"--dtype {dtype}: use one of {', '.join(EXPORT_DTYPES)}")
+    stored = functools.partial(_stored, getattr(torch, dtype))
+    names = _shards(model_tensors(checkpoint), max_shard_bytes, stored)
+    rename = RENAMES[record["rename"]] if record.get("rename") else dict
+    files = _write_weights(checkpoint, names, rename, out_dir, stored)
+    if hf_config:
+        hf_config = {**hf_config, "dtype": dtype}
     if not tokenizer_files and hf_config and _trained_on_bytes(record):
         tokenizer_files = byte_tokenizer_files()
         eot = ByteTokenizer.eot_token
@@ -71,8 +79,13 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
         out_dir.child(name).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     for name, data in tokenizer_files.items():
         out_dir.child(name).write_bytes(data)
-    return {"step": checkpoint.step, "out": out, "files": files, "config": list(configs),
+    return {"step": checkpoint.step, "out": out, "dtype": dtype, "files": files, "config": list(configs),
             "tokenizer": list(tokenizer_files)}
+
+
+def _stored(dtype: torch.dtype, tensor_dtype: torch.dtype) -> torch.dtype:
+    """What a tensor is written as: floating-point ones in the export's dtype, others (integer buffers) as they are."""
+    return dtype if tensor_dtype.is_floating_point else tensor_dtype
 
 
 def _trained_on_bytes(record: dict) -> bool:
@@ -112,12 +125,12 @@ def _pick_best(run_root: Location) -> CommittedCheckpoint:
     return best
 
 
-def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int) -> list[list[str]]:
-    """Tensor names in groups of at most ``max_bytes`` (a larger tensor gets a group of its own)."""
+def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int, stored) -> list[list[str]]:
+    """Tensor names in groups of at most ``max_bytes`` as written (a larger tensor gets a group of its own)."""
     groups: list[list[str]] = [[]]
     size = 0
     for name, (dtype, shape) in tensors.items():
-        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        nbytes = torch.Size(shape).numel() * stored(dtype).itemsize
         if groups[-1] and size + nbytes > max_bytes:
             groups.append([])
             size = 0
@@ -126,7 +139,8 @@ def _shards(tensors: dict[str, tuple[torch.dtype, tuple]], max_bytes: int) -> li
     return groups
 
 
-def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], rename, out_dir: Location) -> list[str]:
+def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], rename, out_dir: Location,
+                   stored) -> list[str]:
     single = len(groups) == 1
     weight_map, files = {}, []
     with tempfile.TemporaryDirectory() as scratch:
@@ -135,6 +149,7 @@ def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], ren
                 tensors = rename(load_model_tensors(checkpoint, names))
             except CheckpointError as exc:
                 raise ExportError(str(exc)) from None
+            tensors = {key: tensor.to(stored(tensor.dtype)) for key, tensor in tensors.items()}
             name = WEIGHTS if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
             local = Path(scratch, name)
             safetensors_file.write(tensors, str(local))
@@ -144,12 +159,12 @@ def _write_weights(checkpoint: CommittedCheckpoint, groups: list[list[str]], ren
             files.append(name)
             del tensors
     if not single:
-        index = {"metadata": {"total_size": _total_bytes(checkpoint, groups)}, "weight_map": weight_map}
+        index = {"metadata": {"total_size": _total_bytes(checkpoint, groups, stored)}, "weight_map": weight_map}
         out_dir.child(INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         files.append(INDEX)
     return files
 
 
-def _total_bytes(checkpoint: CommittedCheckpoint, groups: list[list[str]]) -> int:
+def _total_bytes(checkpoint: CommittedCheckpoint, groups: list[list[str]], stored) -> int:
     shapes = model_tensors(checkpoint)
-    return sum(torch.Size(shapes[n][1]).numel() * shapes[n][0].itemsize for group in groups for n in group)
+    return sum(torch.Size(shapes[n][1]).numel() * stored(shapes[n][0]).itemsize for group in groups for n in group)

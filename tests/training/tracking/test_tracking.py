@@ -161,7 +161,7 @@ def test_the_readme_example_evaluates_keeps_the_best_and_logs_one_run_to_every_t
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert sorted(int(step) for step in summary["evals"]) == [20, 40, 60] and summary["tracking_gaps"] == []
-    assert f"exported step {summary['best']['step']} to best-model" in proc.stdout
+    assert f"exported step {summary['best']['step']} to best-model in float32" in proc.stdout
     assert "val loss     step 20 " in proc.stdout and "(checkpoint kept)" in proc.stdout  # spotray status
     [run] = mlflow_runs(mlflow_server.url, "readme")
     losses = mlflow_points(mlflow_server.url, run.info.run_id, "train/loss")

@@ -29,11 +29,13 @@ class Samples(Protocol):
 
 
 GENERATION_CONFIG = "generation_config.json"
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")  # what `spotray export` writes floating-point weights in
 
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """How a trained state dict becomes a Hugging Face model directory: its config.json, and ``rename``, the name of
+    """How a trained state dict becomes a Hugging Face model directory: its config.json (whose ``dtype``, one of
+    ``EXPORT_DTYPES``, is what the weights are written in; float32 where it names none), and ``rename``, the name of
     one of ``training.export.RENAMES`` that puts the tensors under the names that model class loads (None: keep)."""
 
     hf_config: dict

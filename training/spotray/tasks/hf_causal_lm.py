@@ -9,7 +9,7 @@ import torch
 
 from spotray.errors import ConfigError, StorageError
 from spotray.storage import Location, resolve
-from spotray.tasks import GENERATION_CONFIG, ExportSpec
+from spotray.tasks import EXPORT_DTYPES, GENERATION_CONFIG, ExportSpec
 from spotray.tasks.base import LanguageModelTask, attention_flops_per_token
 from spotray.tasks.pretrained import check_directory, load_sharded
 
@@ -23,6 +23,7 @@ class HFTask(LanguageModelTask):
         hf = cfg.model.hf
         self.pretrained = hf.pretrained
         self.config = _auto_config(*_config_source(hf, cfg.storage.options()))
+        self.source_dtype = _dtype_name(self.config)  # building the model in float32 changes the config's
         self._check_fits_data()
         self.generation_config = None
         if self.pretrained:
@@ -77,10 +78,19 @@ class HFTask(LanguageModelTask):
             text.num_hidden_layers, self.cfg.train.seq_len, text.hidden_size)
 
     def export_spec(self) -> ExportSpec:
-        return ExportSpec(hf_config=self.config.to_dict(), generation_config=self.generation_config)
+        return ExportSpec(hf_config={**self.config.to_dict(), "dtype": self.source_dtype},
+                          generation_config=self.generation_config)
 
     def load_pretrained(self, model: torch.nn.Module) -> int:
         return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
+
+
+def _dtype_name(config) -> str:
+    """The floating-point type a config says its weights are in (``spotray export`` writes them back in it);
+    float32 where it names none."""
+    dtype = getattr(config, "dtype", None)
+    name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
+    return name if name in EXPORT_DTYPES else "float32"
 
 
 def _built(model: torch.nn.Module) -> PreTrainedModel:
