@@ -254,6 +254,39 @@ def test_a_trainers_evaluation_and_save_are_their_own_time_not_the_next_steps(tm
     assert status is not None and (status["eval_s"], status["checkpoint_save_s"]) == (3.0, 2.0)
 
 
+@pytest.mark.parametrize("report_first", [True, False])
+def test_a_loops_own_save_is_checkpoint_time_not_a_steps(tmp_path, monkeypatch, report_first):
+    """The five calls: step 1 trains 1 s, the loop's own save (``accelerator.save_state``) takes 2 s between
+    ``should_save`` and ``commit``, step 2 trains 1 s; reported before the save or after it."""
+    from types import SimpleNamespace
+
+    from spotray.accounts import goodput, ledger
+
+    clock = [0.0]
+    monkeypatch.setattr(session, "time", SimpleNamespace(perf_counter=lambda: clock[0], time=time.time,
+                                                         sleep=time.sleep))
+    current = open_session(0, 1, script_config(tmp_path / "runs", "checkpoint.every_steps=1"))
+    session.begin(current)
+    spotray.restore(str(tmp_path / "resume"))
+    clock[0] = 1.0
+    if report_first:
+        spotray.report(1, loss=1.0)
+    assert spotray.should_save(1)
+    clock[0] = 3.0
+    write_files(tmp_path / "save-1", 0, 1)
+    spotray.commit(str(tmp_path / "save-1"), 1)
+    if not report_first:
+        spotray.report(1, loss=1.0)
+    clock[0] = 4.0
+    spotray.report(2, loss=1.0)
+    current.finish(moved=False)
+    session.begin(None)
+    attempts, attempt = current.attempts, current.attempt_id
+    assert {step: r.seconds for step, r in ledger.read_steps(attempts, attempt).items()} == {1: 1.0, 2: 1.0}
+    status = goodput.read_status(attempts, attempt)
+    assert status is not None and status["checkpoint_save_s"] == 2.0
+
+
 def test_a_scripts_compiling_is_the_compile_category_not_its_steps_or_evaluations(tmp_path, monkeypatch):
     """A script's torch.compile compiles in its first step and its first evaluation: a restart compiles again, so
     that time is badput, not a slow productive step."""

@@ -71,6 +71,7 @@ class Session:
         self._warned: set[str] = set()
         self._last_report_at: float  # from _open on
         self._aside_s = 0.0  # since the last report: saving and evaluating, each its own category, not the next step
+        self._save_asked_at: float | None = None  # when should_save last said yes: the script's save began
         self._compile_timer: CompileTimer | None = None  # from _open on, where the script may compile
 
     def plan(self, max_steps: int) -> None:
@@ -96,6 +97,12 @@ class Session:
     def should_save(self, step: int) -> bool:
         """At the interval, after a notice, and at the planned last step: what the run ends with is committed."""
         self._ensure_open()
+        due = self._save_due(step)
+        if due:
+            self._save_asked_at = time.perf_counter()
+        return due
+
+    def _save_due(self, step: int) -> bool:
         if self._notice is not None:
             return True
         deadline = self.cadence.notice(step, self._mean_step_s())
@@ -107,10 +114,14 @@ class Session:
                 return True
         return self.cadence.save_due(step) or step == self.max_steps
 
-    def commit(self, directory: str, step: int, written_s: float = 0.0) -> None:
-        """``written_s``: what the script's own save of ``directory`` took, where it knows (a Trainer's)."""
+    def commit(self, directory: str, step: int, written_s: float | None = None) -> None:
+        """``written_s``: what the script's own save of ``directory`` took, where it knows (a Trainer's); else the
+        time since ``should_save`` said to save (none where it did not)."""
         self._ensure_open()
         started = time.perf_counter()
+        if written_s is None:
+            written_s = started - self._save_asked_at if self._save_asked_at is not None else 0.0
+        self._save_asked_at = None
         self.files.commit(directory, step)
         notice = self._notice
         committed = self.files.wait() if notice else None  # a notice's checkpoint must be in storage before going
