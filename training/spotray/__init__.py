@@ -3,9 +3,9 @@
 What a user imports is here, and stays: ``LanguageModelTask`` (subclass it for your own model, docs/own-model.md),
 the ``Task`` protocol and ``ExportSpec`` it implements, ``TrainConfig`` (what the task's factory is given) and
 ``linear_weights``; for your own training script (docs/scripts.md) ``restore``, ``should_save``, ``commit``,
-``report``, ``should_stop`` and ``spotray.hf`` (a Trainer's callback). Everything else may move. This folder
-(training/spotray/) installs as ``spotray``; the Pulumi program's packages (``infra``, ``cluster``, ``monitoring``) are
-imported from the repository root and not installed.
+``report``, ``should_stop``, ``evaluating`` and ``spotray.hf`` (a Trainer's callback). Everything else may move.
+This folder (training/spotray/) installs as ``spotray``; the Pulumi program's packages (``infra``, ``cluster``,
+``monitoring``) are imported from the repository root and not installed.
 """
 
 import importlib
@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what the checker and editors see; at run time __getattr__ b
     from spotray.tasks.base import LanguageModelTask as LanguageModelTask
     from spotray.tasks.base import linear_weights as linear_weights
     from spotray.worker.session import commit as commit
+    from spotray.worker.session import evaluating as evaluating
     from spotray.worker.session import report as report
     from spotray.worker.session import restore as restore
     from spotray.worker.session import should_save as should_save
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # what the checker and editors see; at run time __getattr__ b
 
 _PUBLIC = {"LanguageModelTask": "spotray.tasks.base", "linear_weights": "spotray.tasks.base",
            "Task": "spotray.tasks", "ExportSpec": "spotray.tasks", "TrainConfig": "spotray.config",
-           **dict.fromkeys(("restore", "should_save", "commit", "report", "should_stop"), "spotray.worker.session")}
+           **dict.fromkeys(("restore", "should_save", "commit", "report", "should_stop", "evaluating"),
+                           "spotray.worker.session")}
 _MODULES = ("hf",)
 __all__ = sorted((*_PUBLIC, *_MODULES))
 

@@ -287,6 +287,39 @@ def test_a_loops_own_save_is_checkpoint_time_not_a_steps(tmp_path, monkeypatch, 
     assert status is not None and status["checkpoint_save_s"] == 2.0
 
 
+def test_a_loops_evaluation_is_recorded_as_an_evaluation_and_other_step_metrics_are_warned_about(
+        tmp_path, monkeypatch, caplog):
+    """Step 1 trains 1 s, an evaluation takes 3 s, step 2 trains 1 s and reports a name that is no step metric."""
+    from types import SimpleNamespace
+
+    from spotray.accounts import goodput, ledger
+
+    clock = [0.0]
+    monkeypatch.setattr(session, "time", SimpleNamespace(perf_counter=lambda: clock[0], time=time.time,
+                                                         sleep=time.sleep))
+    current = open_session(0, 1, script_config(tmp_path / "runs"))
+    session.begin(current)
+    spotray.restore(str(tmp_path / "resume"))
+    clock[0] = 1.0
+    spotray.report(1, loss=1.0)
+    with spotray.evaluating(1) as metrics:
+        clock[0] = 4.0
+        metrics |= {"val_loss": 2.0, "accuracy": 0.5}
+    clock[0] = 5.0
+    with caplog.at_level(logging.WARNING, logger=session.__name__):
+        for step in (2, 3):
+            spotray.report(step, loss=1.0, val_loss=2.0)
+    current.finish(moved=False)
+    session.begin(None)
+    attempts, attempt = current.attempts, current.attempt_id
+    assert {step: r.seconds for step, r in ledger.read_steps(attempts, attempt).items()} == {1: 1.0, 2: 1.0, 3: 0.0}
+    assert ledger.read_evals(attempts, attempt)[1]["metrics"] == {"val_loss": 2.0, "accuracy": 0.5}
+    status = goodput.read_status(attempts, attempt)
+    assert status is not None and (status["eval_s"], status["val_loss"]) == (3.0, 2.0)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "'val_loss' is not a step metric" in warned[0] and "spotray.evaluating" in warned[0]
+
+
 def test_a_scripts_compiling_is_the_compile_category_not_its_steps_or_evaluations(tmp_path, monkeypatch):
     """A script's torch.compile compiles in its first step and its first evaluation: a restart compiles again, so
     that time is badput, not a slow productive step."""
@@ -325,6 +358,8 @@ def test_outside_spotray_train_the_calls_do_nothing(tmp_path, caplog):
         assert spotray.restore(str(tmp_path)) is None and spotray.should_save(10) is False
         spotray.commit(str(tmp_path), 10)
         spotray.report(10, loss=1.0)
+        with spotray.evaluating(10) as metrics:
+            metrics["val_loss"] = 1.0
         assert spotray.should_stop() is False
     assert caplog.text.count("not running under `spotray train --script`") == 1
     assert spotray.hf.resume_checkpoint() is None

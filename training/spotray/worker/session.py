@@ -1,4 +1,5 @@
-"""A user's own training loop on spot: ``spotray.restore``, ``should_save``, ``commit``, ``report``, ``should_stop``.
+"""A user's own training loop on spot: ``spotray.restore``, ``should_save``, ``commit``, ``report``, ``should_stop``,
+and ``evaluating``.
 
 One ``Session`` per worker of an attempt (``spotray train --script`` opens it). It keeps the attempt's ledger,
 checkpoint cadence and notice handling with the same parts as spotray's own loop (``cadence.Cadence``,
@@ -8,11 +9,13 @@ checkpoint cadence and notice handling with the same parts as spotray's own loop
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from spotray.accounts import ledger
@@ -29,6 +32,7 @@ from spotray.worker.telemetry import RankZeroTelemetry, Telemetry
 log = logging.getLogger(__name__)
 
 LOCAL_DIR_ENV = "SPOTRAY_LOCAL_DIR"
+STEP_METRICS = ("loss", "learning_rate", "lr", "grad_norm")  # what a step's record keeps of ``report``'s metrics
 
 
 class MovedOn(BaseException):  # noqa: N818 - an outcome, not an error; BaseException: a script's `except Exception`
@@ -166,6 +170,7 @@ class Session:
             self.last_step = max(self.last_step, step)
         record = self.steps[step]
         record.update({k: v for k, v in metrics.items() if v is not None})
+        self._warn_if_not_kept(metrics)
         if tokens:
             record["tokens"] = tokens
             if isinstance(self.telemetry, RankZeroTelemetry):  # the other ranks' telemetry counts nothing
@@ -183,6 +188,14 @@ class Session:
 
     def should_stop(self) -> bool:
         return self.stop
+
+    def _warn_if_not_kept(self, metrics: dict[str, float]) -> None:
+        for name in sorted(set(metrics) - set(STEP_METRICS)):
+            if f"metric {name}" in self._warned:
+                continue
+            self._warned.add(f"metric {name}")
+            log.warning("spotray.report: %r is not a step metric (%s) and is not recorded; report an evaluation's "
+                        "metrics in `with spotray.evaluating(step) as metrics:`", name, ", ".join(STEP_METRICS))
 
     def finished_before(self) -> dict | None:
         """The run's final record where this attempt resumed at its step: the script finished there before."""
@@ -324,6 +337,20 @@ def report(step: int, tokens: int | None = None, **metrics: float) -> None:
         _current.report(step, tokens, **metrics)
     else:
         _outside("report", None)
+
+
+@contextlib.contextmanager
+def evaluating(step: int) -> Iterator[dict[str, float]]:
+    """``with spotray.evaluating(step) as metrics: metrics["val_loss"] = ...``: an evaluation after ``step``. Its
+    metrics go where spotray's own evaluations go (progress line, status, gauges, trackers under ``val/``), and its
+    time is goodput's ``eval``, not the next step's. Rank 0's are kept; nothing is recorded if the body raises."""
+    started = time.perf_counter()
+    metrics: dict[str, float] = {}
+    yield metrics
+    if _current:
+        _current.evaluated(step, metrics, time.perf_counter() - started)
+    else:
+        _outside("evaluating", None)
 
 
 def should_stop() -> bool:
