@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +95,32 @@ def test_a_tokenizer_without_an_end_of_text_token_says_to_name_the_models_eos_to
     with pytest.raises(ConfigError, match=r"^config 'data.path': .*names no end-of-text token, so prepare added one "
                                           r"\(id 320\) .*name the model's eos_token in the tokenizer_config.json"):
         launch.preflight(cfg)
+
+
+def test_data_prepared_with_another_tokenizer_than_the_pretrained_models_is_refused(dataset_url, tmp_path):
+    """The byte dataset (prepare's default) against a model with its own tokenizer.json: refused in one line. The
+    same tokenizer saved again (other bytes, the same ids) is accepted."""
+    from tokenizers import Tokenizer
+
+    from spotray.data.prepare import prepare
+    from spotray.data.tokenizer import tokenizer_id
+    from tests.corpus import write_corpus
+    from tests.training.data.test_data import train_bpe
+
+    save_tiny("llama", tmp_path / "model")
+    corpus = write_corpus(tmp_path / "corpus", documents=4)
+    train_bpe(tmp_path / "model", [path.read_text() for path in sorted(Path(corpus).iterdir())])
+    model = {"hf": {"pretrained": str(tmp_path / "model")}}
+    with pytest.raises(ConfigError, match=r"^config 'data.path': .* was prepared with tokenizer bytes, not with the "
+                                          r"model's \(hf:[0-9a-f]{16}, .*prepare the corpus with `spotray prepare "
+                                          rf"--tokenizer {tmp_path / 'model'}`"):
+        launch.preflight(make_config(dataset_url, str(tmp_path / "runs"), "b", model=model))
+    (tmp_path / "resaved").mkdir()
+    Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json")).save(str(tmp_path / "resaved" / "tokenizer.json"),
+                                                                         pretty=False)
+    index = prepare(corpus, str(tmp_path / "tokens"), tokenizer=str(tmp_path / "resaved"))
+    assert index["tokenizer"] != tokenizer_id((tmp_path / "model" / "tokenizer.json").read_bytes())
+    launch.preflight(make_config(str(tmp_path / "tokens"), str(tmp_path / "runs"), "b", model=model))
 
 
 def pretrained_logits(rank: int, world_size: int, config: dict, inputs: list) -> tuple:

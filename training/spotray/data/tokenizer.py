@@ -75,7 +75,7 @@ class HFTokenizer(Tokenizer):
             eot = self.vocab_size
             self.vocab_size += 1
         self.eot_token = eot
-        self.tokenizer_id = "hf:" + hashlib.sha256(data).hexdigest()[:16]
+        self.tokenizer_id = tokenizer_id(data)
         self.file = data
         self.companions = companions
         self._source = source
@@ -95,6 +95,11 @@ class HFTokenizer(Tokenizer):
             flat.extend(ids)
             lengths[k] = len(ids)
         return np.array(flat, dtype=np.int64), lengths
+
+
+def tokenizer_id(tokenizer_json: bytes) -> str:
+    """How a prepared dataset's index names the Hugging Face tokenizer.json it was prepared with."""
+    return "hf:" + hashlib.sha256(tokenizer_json).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=2)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from spotray.data.index import TOKENIZER_NAME
+from spotray.data.tokenizer import tokenizer_id
 from spotray.errors import ConfigError, StorageError
 from spotray.storage import Location, resolve
 from spotray.tasks import EXPORT_DTYPES, GENERATION_CONFIG, ExportSpec
@@ -29,6 +31,7 @@ class HFTask(LanguageModelTask):
         if self.pretrained:
             directory = resolve(self.pretrained, cfg.storage.options())
             check_directory(directory, "model.hf.pretrained")
+            self._check_prepared_with_its_tokenizer(directory)
             self.generation_config = _generation_config(directory)
 
     def _check_fits_data(self) -> None:
@@ -45,6 +48,20 @@ class HFTask(LanguageModelTask):
         if positions is not None and positions < self.cfg.train.seq_len:
             raise ConfigError("train.seq_len", f"{self.cfg.train.seq_len} exceeds the model's "
                               f"max_position_embeddings={positions}", "lower train.seq_len")
+
+    def _check_prepared_with_its_tokenizer(self, directory: Location) -> None:
+        """A pretrained model learnt its tokenizer's ids: data prepared with another (``bytes``, the default, or
+        another vocabulary) would train it on different ones."""
+        own = directory.child(TOKENIZER_NAME).read_bytes_if_exists()
+        if own is None or self.dataset.tokenizer == tokenizer_id(own):
+            return
+        copy = self.dataset.tokenizer_files.get(TOKENIZER_NAME)
+        if copy is not None and _vocabulary(copy.read_bytes()) == _vocabulary(own):
+            return
+        raise ConfigError("data.path", f"{self.cfg.data.path} was prepared with tokenizer {self.dataset.tokenizer}, "
+                          f"not with the model's ({tokenizer_id(own)}, the tokenizer.json in model.hf.pretrained): the "
+                          "model would train on ids it did not learn", f"prepare the corpus with `spotray prepare "
+                          f"--tokenizer {self.pretrained}` into a new --output and point data.path at it")
 
     def build_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
@@ -83,6 +100,13 @@ class HFTask(LanguageModelTask):
 
     def load_pretrained(self, model: torch.nn.Module) -> int:
         return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
+
+
+def _vocabulary(tokenizer_json: bytes) -> tuple:
+    """What decides a tokenizer.json's ids: its model's vocabulary and its added tokens."""
+    data = json.loads(tokenizer_json)
+    added = sorted((token.get("id"), token.get("content")) for token in data.get("added_tokens") or [])
+    return data.get("model", {}).get("vocab"), added
 
 
 def _dtype_name(config) -> str:
