@@ -171,8 +171,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", metavar="URL", help="check every shard of the dataset at URL against its index")
     p.add_argument("--tokenizer", default="bytes",
                    help="'bytes' (default), a HF tokenizer.json or a model directory holding one (local or s3://)")
-    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "parquet"],
-                   help="auto (default): by extension (.jsonl/.ndjson/.json, .parquet, else text; .gz/.zst allowed)")
+    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "json", "parquet"],
+                   help="auto (default): by extension (.jsonl/.ndjson/.json, .parquet, else text; .gz/.zst allowed; "
+                        "a .json file that begins with '[' is one array of records); json: such an array")
     p.add_argument("--text-field", default="text", help="the JSONL field or Parquet column holding the text")
     p.add_argument("--min-chars", type=int, default=1, help="drop documents shorter than this (default 1)")
     p.add_argument("--no-dedup", dest="dedup", action="store_false",

@@ -133,6 +133,28 @@ def test_text_jsonl_gzip_zstd_and_parquet_give_the_same_tokens(tmp_path):
         assert index["num_documents"] == len(docs)
 
 
+def test_a_json_file_holding_one_array_of_records_gives_the_same_tokens_as_json_lines(tmp_path):
+    """Alpaca's layout: one JSON array (indented, after a byte-order mark, gzipped), read whole whatever the chunk
+    size; a .json file of JSON Lines is still read by line. A bad record is named by its item number."""
+    docs = documents(30)
+    records = [{"text": d, "id": i} for i, d in enumerate(docs)]
+    (tmp_path / "array.json").write_text("\ufeff\n" + json.dumps(records, indent=2), encoding="utf-8")
+    with gzip.open(tmp_path / "array.json.gz", "wt", encoding="utf-8") as f:
+        json.dump(records, f)
+    write_jsonl(tmp_path / "lines.json", docs)
+    for name in ("array.json", "array.json.gz", "lines.json"):
+        index = prepare(str(tmp_path / name), str(tmp_path / f"out-{name}"), chunk_mb=1e-3, dedup=False)
+        assert token_stream(str(tmp_path / f"out-{name}")) == byte_stream(docs), name
+        assert index["num_documents"] == len(docs)
+
+    (tmp_path / "bad.json").write_text(json.dumps([*records[:4], {"body": "x"}]))
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'bad.json'} item 5 of its array has no field 'text' "
+                                                  "(its fields: body)")):
+        prepare(str(tmp_path / "bad.json"), str(tmp_path / "out-bad"))
+    index = prepare(str(tmp_path / "bad.json"), str(tmp_path / "out-bad"), skip_bad_lines=True)
+    assert (index["num_documents"], index["removed"]["bad_lines"]) == (4, 1)
+
+
 @pytest.mark.parametrize("chunk_mb, read_block", [(1e-3, None), (3e-3, None), (3e-3, 5), (64, None), (64, 5)])
 def test_chunk_size_changes_only_where_shards_end(tmp_path, monkeypatch, chunk_mb, read_block):
     """Byte ranges of one JSONL file and runs of Parquet row groups: every line once, in order, whatever the cut,

@@ -2,20 +2,23 @@
 and each chunk's pieces read back as a stream of documents.
 
 A chunk is a list of pieces: whole files, byte ranges of large uncompressed JSONL files (cut on line boundaries:
-a line belongs to the range its first byte is in) or runs of Parquet row groups. The plan depends only on the
-inputs and ``chunk_bytes``, never on the parallelism, so the same inputs always give the same chunks.
+a line belongs to the range its first byte is in) or runs of Parquet row groups. A ``.json`` file is JSON Lines, or,
+where it begins with ``[``, one JSON array of records (``datasets.load_dataset("json")`` reads both), read whole.
+The plan depends only on the inputs and ``chunk_bytes``, never on the parallelism, so the same inputs always give
+the same chunks.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 import posixpath
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -23,7 +26,7 @@ import pyarrow.fs as pafs
 from spotray.errors import DataError, StorageError
 from spotray.storage import Location, StorageOptions, resolve
 
-FORMATS = ("auto", "text", "jsonl", "parquet")
+FORMATS = ("auto", "text", "jsonl", "json", "parquet")  # json: one JSON array of records
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -180,12 +183,30 @@ def plan_chunks(files: Sequence[InputFile], chunk_bytes: int,
 
 
 def _pieces(f: InputFile, chunk_bytes: int, options: StorageOptions | None) -> list[Piece]:
+    if f.format == "jsonl" and _named(f, ".json") and _begins_an_array(f, options):
+        f = replace(f, format="json")
     if f.format == "parquet":
         return _parquet_pieces(f, chunk_bytes, options)
     if f.format == "jsonl" and f.compression is None and f.size > chunk_bytes:
         return [Piece(f.url, f.format, None, min(chunk_bytes, f.size - s), s, min(s + chunk_bytes, f.size))
                 for s in range(0, f.size, chunk_bytes)]
     return [Piece(f.url, f.format, f.compression, f.size)]
+
+
+def _named(f: InputFile, suffix: str) -> bool:
+    name = posixpath.basename(f.url).lower()
+    return (os.path.splitext(name)[0] if f.compression else name).endswith(suffix)
+
+
+def _begins_an_array(f: InputFile, options: StorageOptions | None) -> bool:
+    loc = resolve(f.url, options)
+    stream = pa.CompressedInputStream(loc.open_input(), f.compression) if f.compression else loc.open_input()
+    try:
+        with stream:
+            head = stream.read(4096)
+    except (pa.ArrowException, OSError):
+        return False  # read as JSON Lines, whose reader names what is wrong
+    return head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[")
 
 
 def _parquet_pieces(f: InputFile, chunk_bytes: int, options: StorageOptions | None) -> list[Piece]:
@@ -234,6 +255,8 @@ class DocumentReader:
             yield from self._parquet(loc, piece)
         elif piece.format == "jsonl":
             yield from self._jsonl(loc, piece)
+        elif piece.format == "json":
+            yield from self._json_array(loc, piece)
         else:
             yield self._read_whole(loc, piece).decode("utf-8", errors="replace")
         self.stats.bytes_in = before + piece.size
@@ -252,21 +275,38 @@ class DocumentReader:
 
     def _jsonl(self, loc: Location, piece: Piece) -> Iterator[str]:
         for line, offset in self._lines(loc, piece):
-            text = self._field(line, loc, piece, offset)
+            text = self._field(line, functools.partial(self._where_line, loc, piece, offset))
             if text is not None:
                 yield text
 
-    def _field(self, line: bytes, loc: Location, piece: Piece, offset: int) -> str | None:
+    def _json_array(self, loc: Location, piece: Piece) -> Iterator[str]:
+        try:
+            records = json.loads(self._read_whole(loc, piece))
+        except ValueError as exc:
+            raise DataError(f"{loc.url} begins with '[' but is not valid JSON ({exc}): fix the file") from None
+        if not isinstance(records, list):
+            raise DataError(f"{loc.url} is a JSON {type(records).__name__}, not an array of records or JSON Lines: "
+                            "fix the file")
+        for number, record in enumerate(records, 1):
+            text = self._text(record, functools.partial("{} item {} of its array".format, loc.url, number))
+            if text is not None:
+                yield text
+
+    def _field(self, line: bytes, where: Callable[[], str]) -> str | None:
         """The line's text ("" for a null one); None for a blank line or a bad one skipped."""
         if not line.strip():
             return None
         try:
             record = json.loads(line)
         except ValueError:
-            self._bad(loc, piece, offset, "is not valid JSON")
+            self._bad(where, "is not valid JSON")
             return None
+        return self._text(record, where)
+
+    def _text(self, record: object, where: Callable[[], str]) -> str | None:
+        """The record's text ("" for a null one); None for a bad one skipped."""
         if not isinstance(record, dict):
-            self._bad(loc, piece, offset, f"is a JSON {type(record).__name__}, not an object")
+            self._bad(where, f"is a JSON {type(record).__name__}, not an object")
             return None
         if self.text_field in record and record[self.text_field] is None:
             return ""
@@ -274,18 +314,20 @@ class DocumentReader:
         if not isinstance(text, str):
             problem = "has no" if text is None else f"has a non-string ({type(text).__name__})"
             keys = ", ".join(sorted(record)[:10]) or "none"
-            self._bad(loc, piece, offset, f"{problem} field '{self.text_field}' (its fields: {keys})",
+            self._bad(where, f"{problem} field '{self.text_field}' (its fields: {keys})",
                       "pick the field with --text-field")
             return None
         return text
 
-    def _bad(self, loc: Location, piece: Piece, offset: int, problem: str, fix: str = "") -> None:
+    def _bad(self, where: Callable[[], str], problem: str, fix: str = "") -> None:
         if self.skip_bad_lines:
             self.stats.bad_lines += 1
             return None
         fix = fix or "fix the file"
-        raise DataError(f"{loc.url} line {self._line_number(loc, piece, offset)} {problem}: {fix}, or pass "
-                        "--skip-bad-lines to count and skip such lines")
+        raise DataError(f"{where()} {problem}: {fix}, or pass --skip-bad-lines to count and skip such lines")
+
+    def _where_line(self, loc: Location, piece: Piece, offset: int) -> str:
+        return f"{loc.url} line {self._line_number(loc, piece, offset)}"
 
     def _line_number(self, loc: Location, piece: Piece, offset: int) -> int:
         """1-based line number of the line at byte ``offset`` (decompressed) of the file; reads the file up to it."""
