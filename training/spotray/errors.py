@@ -21,6 +21,9 @@ class ConfigError(SpotrayError):
         message = f"config '{field}': {problem}"
         super().__init__(f"{message}. {fix}" if fix else message)
 
+    def __reduce__(self):  # raised in a worker, it crosses to the driver by pickle
+        return type(self), (self.field, self.problem, self.fix)
+
     def within(self, prefix: str) -> ConfigError:
         """The same error with its field named from an enclosing section: ``within("network.")`` turns
         ``vpcCidr`` into ``network.vpcCidr`` (and ``""`` into ``network``). A namespaced field stays as it is."""
@@ -46,6 +49,11 @@ class CheckpointError(SpotrayError):
     pass
 
 
+class Unrestorable(CheckpointError):
+    """No committed checkpoint of the run can be read, for reasons its bytes (or the config it is resumed with) show
+    on every rank: a restart would fail the same way."""
+
+
 class TrainingFailed(SpotrayError):
     """The run itself failed (a worker error, a lost cluster): exit code 1."""
 
@@ -63,8 +71,24 @@ class OutOfMemory(SpotrayError):  # noqa: N818 - read as "out of memory", like M
 
 
 def root_cause(exc: BaseException) -> str:
-    """The last line of the innermost cause: what Ray's wrapped worker errors come down to."""
-    while exc.__cause__ is not None:
+    """What a failure comes down to, in one line: where Ray Train's worker group failed, the lowest failed rank's
+    own exception as ``module.Type: message`` (Ray's text of it cuts a long traceback's middle, and with it the start
+    of the line that says what went wrong); else the last line of the innermost cause."""
+    while True:
+        failures = getattr(exc, "worker_failures", None)
+        if isinstance(failures, dict) and failures and isinstance(failures[min(failures)], BaseException):
+            return _raised(failures[min(failures)])
+        if exc.__cause__ is None:
+            break
         exc = exc.__cause__
     text = str(exc).strip().splitlines()
     return text[-1] if text else exc.__class__.__name__
+
+
+def _raised(exc: BaseException) -> str:
+    kind = type(exc)
+    if kind.__module__.split(".")[0] == "ray":  # Ray's wrapper of what it could not ship: its text ends with it
+        return root_cause(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    lines = str(exc).strip().splitlines()
+    return f"{name}: {lines[0]}" if lines else name

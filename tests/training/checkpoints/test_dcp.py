@@ -180,6 +180,15 @@ def test_all_checkpoints_unreadable_is_an_error_not_a_silent_restart(run_root):
         restore(run_root)
 
 
+def test_checkpoints_unreadable_for_one_reason_name_it_once(run_root):
+    """A resume at another train.seq_len: every checkpoint's sampler refuses the same way."""
+    save_steps(run_root, [10, 20, 30])
+    ckpt = Checkpointer(run_root, keep_last=10, async_save=False, rank=0, world_size=1)
+    why = {10: "a damaged shard", 20: "trained on 49 samples", 30: "trained on 49 samples"}
+    with pytest.raises(CheckpointError, match=r"\(steps 30, 20: trained on 49 samples; step 10: a damaged shard\): "):
+        ckpt.restore_first(ckpt.committed(), lambda c: why[c.step])
+
+
 def test_fresh_run_restores_nothing(run_root):
     assert restore(run_root) == (None, -1.0)
 

@@ -5,6 +5,7 @@ for only where it decides."""
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 import time
 
@@ -17,6 +18,7 @@ from spotray.accounts import endings, goodput, ledger
 from spotray.driver import failure_budget
 from spotray.driver.failure_budget import BudgetSpent, FailureBudget
 from spotray.driver.launch import failure_config
+from spotray.errors import ConfigError, Unrestorable
 from spotray.storage import Location, StorageOptions, resolve
 
 FAILED = RestartingState(WorkerGroupError("rank 1: Traceback ...\nFloatingPointError: loss is nan", {}))
@@ -62,6 +64,18 @@ def test_errors_and_unexplained_endings_spend_it_and_the_user_sees_the_last_erro
     with pytest.raises(BudgetSpent) as raised:  # the 3rd: a group that failed before its attempt recorded itself
         budget.after_controller_state_update(RunningState(), FAILED)
     assert str(raised.value) == "FloatingPointError: loss is nan"  # Ray Train ends the run with it
+
+
+@pytest.mark.parametrize("error", [Unrestorable("no committed checkpoint under r could be read (steps 20, 10: "
+                                                "trained on 49 samples)"),
+                                   ConfigError("script.allow_world_size_change", "saved by 2 workers", "use 2")])
+def test_a_failure_that_a_restart_repeats_ends_the_run_at_the_first(tmp_path, error):
+    budget, attempts = budget_for(tmp_path, "fault_tolerance.max_failures=3")
+    attempt_ends(attempts, endings.ERROR)
+    with pytest.raises(BudgetSpent) as raised:
+        budget.after_controller_state_update(RunningState(), RestartingState(WorkerGroupError("Traceback ...\n", {
+            1: RuntimeError("a peer is gone"), 0: pickle.loads(pickle.dumps(error))})))
+    assert str(raised.value) == str(error)
 
 
 def test_spot_interruptions_spend_max_preemptions(tmp_path):

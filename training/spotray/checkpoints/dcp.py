@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from spotray.accounts.ledger import new_attempt_id
 from spotray.checkpoints.save_retries import SaveFailureBudget
-from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError
+from spotray.errors import CheckpointError, NotFound, SpotrayError, StorageError, Unrestorable
 from spotray.renames import renamed
 from spotray.storage import Location
 
@@ -583,8 +583,12 @@ class Checkpointer:
             log.info("cannot restore checkpoint step %d at %s: %s", candidate.step, candidate.url, reason)
             unreadable.append((candidate, reason))
         if unreadable:
-            steps = "; ".join(f"step {c.step}: {reason}" for c, reason in unreadable)
-            raise CheckpointError(f"no committed checkpoint under {self.root.url} could be read ({steps}): "
+            by_reason: dict[str, list[str]] = {}
+            for checkpoint, reason in unreadable:
+                by_reason.setdefault(reason, []).append(str(checkpoint.step))
+            steps = "; ".join(f"step{'s' if len(numbers) > 1 else ''} {', '.join(numbers)}: {reason}"
+                              for reason, numbers in by_reason.items())
+            raise Unrestorable(f"no committed checkpoint under {self.root.url} could be read ({steps}): "
                                   "restore them or start a new run.name")
         self.start_lineage(0, [])
         return None

@@ -3,8 +3,9 @@
 Ray Train counts a node lost without its own drain as a real failure (only a death Ray drained as preempted is a
 preemption there), so a spot run's 4th kill would spend ``max_failures=3``. Ray is therefore given no limits of its
 own; this callback ends the run (a non-retryable ``ControllerError``) when spotray's budgets are spent: endings that
-are not spot interruptions against ``fault_tolerance.max_failures``, spot interruptions against ``max_preemptions``.
-The restart itself stays Ray's, as fast as for any other failure."""
+are not spot interruptions against ``fault_tolerance.max_failures``, spot interruptions against ``max_preemptions``;
+a failure that a restart repeats (a config error, no checkpoint that can be read) ends it at once. The restart
+itself stays Ray's, as fast as for any other failure."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from ray.train.v2._internal.execution.controller.state import RestartingState
 
 from spotray.accounts import endings, goodput, ledger
 from spotray.config import FaultToleranceSection
-from spotray.errors import SpotrayError, root_cause
+from spotray.errors import ConfigError, SpotrayError, Unrestorable, root_cause
 from spotray.storage import Location, StorageOptions, resolve
 
 KILL_EVIDENCE_WAIT_S = 45.0  # Ray marks a lost node dead after its health checks fail (about 15 s by default)
+# Failures a restart repeats (the same config, the same bytes): the run ends at the first, whatever the budget.
+NOT_RETRIED = tuple(f"{error.__module__}.{error.__qualname__}: " for error in (ConfigError, Unrestorable))
 SPOT_VERBS = {endings.NOTICE: "moved on a preemption notice", endings.KILL: "lost a spot node"}
 
 
@@ -80,6 +83,8 @@ class FailureBudget(ControllerCallback):
         if not isinstance(current_state, RestartingState):
             return
         cause = root_cause(current_state.training_failed_error)
+        if cause.startswith(NOT_RETRIED):
+            raise BudgetSpent(cause.split(": ", 1)[1])
         try:
             why = self._charge(cause)
         except (SpotrayError, OSError) as exc:  # the ledger is unreadable: a failure, as Ray alone would count it
