@@ -149,17 +149,22 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return re.compile("".join(out))
 
 
-def _input_file(url: str, size: int, fmt: str) -> InputFile:
+def _stem(url: str) -> tuple[str, str | None]:
+    """The file's lower-case name without its compression suffix, and the compression that suffix names."""
     name = posixpath.basename(url).lower()
     stem, ext = os.path.splitext(name)
     compression = COMPRESSIONS.get(ext)
-    if compression is None:
-        stem = name
+    return (stem if compression else name), compression
+
+
+def _input_file(url: str, size: int, fmt: str) -> InputFile:
+    stem, compression = _stem(url)
     if fmt == "auto":
         fmt = "jsonl" if stem.endswith(_JSONL_SUFFIXES) else "parquet" if stem.endswith(_PARQUET_SUFFIXES) else "text"
     if fmt == "parquet" and compression:
         raise DataError(
-            f"{url}: a Parquet file compresses its own pages; give the file without the outer {ext} compression"
+            f"{url}: a Parquet file compresses its own pages; give the file without the outer {compression} "
+            "compression"
         )
     return InputFile(url, size, fmt, compression)
 
@@ -194,8 +199,7 @@ def _pieces(f: InputFile, chunk_bytes: int, options: StorageOptions | None) -> l
 
 
 def _named(f: InputFile, suffix: str) -> bool:
-    name = posixpath.basename(f.url).lower()
-    return (os.path.splitext(name)[0] if f.compression else name).endswith(suffix)
+    return _stem(f.url)[0].endswith(suffix)
 
 
 def _begins_an_array(f: InputFile, options: StorageOptions | None) -> bool:
