@@ -102,6 +102,16 @@ def tokenizer_id(tokenizer_json: bytes) -> str:
     return "hf:" + hashlib.sha256(tokenizer_json).hexdigest()[:16]
 
 
+def same_ids(tokenizer_json: bytes, other: bytes) -> bool:
+    """Whether two tokenizer.json files give text the same ids: the same vocabulary and added tokens (a file saved
+    again, with other bytes, does)."""
+    def ids(data: dict) -> tuple:
+        added = sorted((token.get("id"), token.get("content")) for token in data.get("added_tokens") or [])
+        return data.get("model", {}).get("vocab"), added
+
+    return ids(json.loads(tokenizer_json)) == ids(json.loads(other))
+
+
 @functools.lru_cache(maxsize=2)
 def _shared_hf_tokenizer(data: bytes, source: str, companions: tuple[tuple[str, bytes], ...]) -> HFTokenizer:
     return HFTokenizer(data, source, dict(companions))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from spotray.data.index import TOKENIZER_NAME
-from spotray.data.tokenizer import tokenizer_id
+from spotray.data.tokenizer import same_ids, tokenizer_id
 from spotray.errors import ConfigError, StorageError
 from spotray.storage import Location, resolve
 from spotray.tasks import EXPORT_DTYPES, GENERATION_CONFIG, ExportSpec
@@ -56,7 +56,7 @@ class HFTask(LanguageModelTask):
         if own is None or self.dataset.tokenizer == tokenizer_id(own):
             return
         copy = self.dataset.tokenizer_files.get(TOKENIZER_NAME)
-        if copy is not None and _vocabulary(copy.read_bytes()) == _vocabulary(own):
+        if copy is not None and same_ids(copy.read_bytes(), own):
             return
         raise ConfigError("data.path", f"{self.cfg.data.path} was prepared with tokenizer {self.dataset.tokenizer}, "
                           f"not with the model's ({tokenizer_id(own)}, the tokenizer.json in model.hf.pretrained): the "
@@ -100,13 +100,6 @@ class HFTask(LanguageModelTask):
 
     def load_pretrained(self, model: torch.nn.Module) -> int:
         return load_sharded(model, resolve(self.pretrained, self.cfg.storage.options()), "model.hf.pretrained")
-
-
-def _vocabulary(tokenizer_json: bytes) -> tuple:
-    """What decides a tokenizer.json's ids: its model's vocabulary and its added tokens."""
-    data = json.loads(tokenizer_json)
-    added = sorted((token.get("id"), token.get("content")) for token in data.get("added_tokens") or [])
-    return data.get("model", {}).get("vocab"), added
 
 
 def _dtype_name(config) -> str:
