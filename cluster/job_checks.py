@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cluster.worker_size import check_worker_fits, snapshot_gib
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 def check_for_cluster(cfg: TrainConfig, settings: JobSettings) -> None:
     _check_gpus(cfg, settings)
+    if settings.pool_instance_types:
+        check_worker_fits(settings.job, settings.gpu_pool, settings.pool_instance_types, snapshot_gib(cfg.snapshot))
     if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
         raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
                           "RayJob's cluster cannot read",

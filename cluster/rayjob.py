@@ -10,7 +10,6 @@ head runs as its own service account, which may get nodes (``cluster/rbac.py``),
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,7 @@ from cluster.pod_security import (
     writable_mounts,
     writable_volumes,
 )
+from cluster.worker_size import pod_resources, worker_resources
 from infra.kernel.config import StackConfig, TrainingJobConfig
 from infra.kernel.names import (
     APP,
@@ -79,6 +79,7 @@ class JobSettings:
     pool_prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # {instance type: {capacity: USD/h}}
     pool_warm_spares: int = 0
     pool_gpu_limit: int | None = None
+    pool_instance_types: tuple[str, ...] = ()  # what the pool may launch; empty: not the stack's say (existing)
     job: TrainingJobConfig = field(default_factory=TrainingJobConfig)
     storage_endpoint: str | None = None
     storage_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (MinIO)
@@ -98,6 +99,7 @@ def job_settings(stack: StackConfig, image: str | None = None, gpu_pool: str | N
                        pool_prices=dict(pool.prices_usd_per_hour) if pool else {},
                        pool_warm_spares=pool.warm_spares if pool else 0,
                        pool_gpu_limit=pool.gpu_limit if pool else None,
+                       pool_instance_types=pool.instance_types if pool else (),
                        job=stack.training,
                        storage_endpoint=minio_endpoint(TRAINING_NAMESPACE) if minio else None,
                        storage_secret=STORAGE_SECRET if minio else None,
@@ -219,25 +221,6 @@ def _env(settings: JobSettings) -> list[dict]:
     return env
 
 
-def _resources(cpus: int, memory_gib: int, gpus: int = 0) -> dict:
-    amounts = {"cpu": str(cpus), "memory": f"{memory_gib}Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
-    return {"requests": dict(amounts), "limits": dict(amounts)}
-
-
-def worker_resources(job: TrainingJobConfig, snapshot: SnapshotSection | None) -> dict:
-    """One training worker's requests and limits (a warm spare holds the same): its memory plus the in-memory
-    snapshots' bound, where snapshots are on."""
-    return _resources(job.cpus_per_worker, job.memory_gib_per_worker + snapshot_gib(snapshot), job.gpus_per_worker)
-
-
-def snapshot_gib(snapshot: SnapshotSection | None) -> int:
-    """What a worker pod adds for the run's in-memory snapshots: ``snapshot.max_gb_per_node``, in whole GiB. Unset,
-    it adds nothing, and the holders take at most half of the room the pod's limit leaves, read at every write."""
-    if snapshot is None or not snapshot.enabled or snapshot.max_bytes is None:
-        return 0
-    return math.ceil(snapshot.max_bytes / (1 << 30))
-
-
 def _local_volume(disk_gib: int) -> dict:
     return {"name": "local", "emptyDir": {"sizeLimit": f"{disk_gib}Gi"}}
 
@@ -274,7 +257,7 @@ def _head(name: str, settings: JobSettings, env: list[dict]) -> dict:
                 "containers": [{
                     "name": "ray-head", "image": settings.image, "env": [*env, _local_var(), *cache_env()],
                     "securityContext": container_context(),
-                    "resources": _resources(HEAD_CPUS, HEAD_MEMORY_GIB),
+                    "resources": pod_resources(HEAD_CPUS, HEAD_MEMORY_GIB),
                     "ports": [{"name": "gcs", "containerPort": 6379}, {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}, *METRICS_PORTS["head"]],
                     "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, _local_mount(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pulumi
 
 from cluster.pod_security import container_context, pod_context
-from cluster.rayjob import worker_resources
+from cluster.worker_size import worker_resources
 from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
 from infra.kernel.names import (
     APP,

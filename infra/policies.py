@@ -10,7 +10,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra.kernel.config import GPU_FAMILIES, NAMESPACE
+from infra.kernel.config import NAMESPACE
+from infra.kernel.instances import GPU_FAMILIES
 from infra.kernel.names import (
     COMPONENT_LABEL,
     GITHUB_OIDC_AUDIENCE,

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from infra.kernel.instances import GPU_FAMILIES, family_sizes, launchable
 from infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
 from infra.kernel.settings import NAMESPACE, STACK_TAG, Section, key_of, mapping, read, setting
 from infra.kernel.versions import MINIO_IMAGES, Image
@@ -26,8 +27,6 @@ from spotray.errors import ConfigError, SpotrayError, key_text
 
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
-# NVIDIA GPU instance families Karpenter can launch for training (EC2 accelerated computing, x86_64).
-GPU_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
 GITOPS_CONTROLLERS = ("argocd", "flux", "pulumi-operator")
 MIN_KUBERNETES_MINOR = 30
 _GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
@@ -179,6 +178,10 @@ class GpuPoolConfig(Section):
         unknown = [f for f in self.families if f not in GPU_FAMILIES]
         self.require(not unknown, "families", f"{unknown} are not GPU instance families",
                      f"use some of {', '.join(GPU_FAMILIES)}")
+        sizes = family_sizes(self.families)
+        unknown = [s for s in self.sizes if s not in sizes]
+        self.require(not unknown, "sizes", f"{unknown} are not sizes of {', '.join(self.families)}: Karpenter "
+                     "would launch none of them", f"use some of {', '.join(sizes)}")
         self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
         self.require(self.warm_spares >= 0, "warm_spares", f"is {self.warm_spares}",
                      "use 0 (no spares) or the number of idle nodes to keep ready")
@@ -189,11 +192,15 @@ class GpuPoolConfig(Section):
         bad = [k for k in self.labels if k.startswith(("karpenter.sh/", "karpenter.k8s.aws/", "kubernetes.io/"))]
         self.require(not bad, "labels", f"{bad} are reserved label keys", "use your own prefix, e.g. team/...")
         for instance_type in self.prices_usd_per_hour:
-            family, _, size = instance_type.partition(".")
-            self.require(family in self.families and (not self.sizes or size in self.sizes),
+            self.require(instance_type in self.instance_types,
                          f"prices_usd_per_hour.{instance_type}", f"is not an instance type pool {self.name} launches",
                          f"price only types of its families ({', '.join(self.families)})"
                          + (f" and sizes ({', '.join(self.sizes)})" if self.sizes else ""))
+
+    @property
+    def instance_types(self) -> tuple[str, ...]:
+        """The instance types this pool may launch."""
+        return launchable(self.families, self.sizes)
 
 
 DIGEST = r"sha256:[0-9a-f]{64}"

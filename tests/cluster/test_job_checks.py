@@ -1,6 +1,8 @@
 """A config a RayJob's pods could not keep or read, or one that leaves its GPUs idle, is one line before anything
 is applied; the stack's own storage is accepted (``cluster/job_checks.py``, through ``spotray submit``)."""
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -9,6 +11,7 @@ from cluster.rayjob import JobSettings
 from cluster.submit import submit
 from infra.cli import main
 from infra.kernel.config import TrainingJobConfig
+from infra.kernel.instances import launchable
 from spotray.config import load
 from spotray.errors import ConfigError
 from tests.cluster.stacks import stack
@@ -55,3 +58,28 @@ def test_a_worker_wider_than_its_pools_gpu_limit_is_told_the_limit_it_needs(proj
     with pytest.raises(ConfigError, match=r"2 workers of 8 GPU\(s\) need 16 GPUs, over pool h100-spot's gpuLimit 4"
                                           r".*\. raise the pool's gpuLimit to 16$"):
         check_for_cluster(load(str(project / "run.yaml")), settings)
+
+
+@pytest.mark.parametrize(("job", "overrides", "says"), [
+    (TrainingJobConfig(gpus_per_worker=8), [],
+     r"'spotray:training.gpusPerWorker': is 8, but pool a10g-spot's nodes have at most 1 GPU\(s\): its "
+     r"workers would wait for a node the pool never launches. use at most 1, or let the pool launch g5.48xlarge"),
+    (TrainingJobConfig(cpus_per_worker=16), [],
+     r"'spotray:training.cpusPerWorker': is 16, .* at most 15 \(g5.4xlarge: 16 vCPUs, one kept by the node\): .* "
+     r"use at most 15, or let the pool launch g5.8xlarge"),
+    (TrainingJobConfig(memory_gib_per_worker=58), [],
+     r"'spotray:training.memoryGiBPerWorker': is 58, .* at most 57 GiB \(g5.4xlarge: 64 GiB, a tenth kept by the "
+     r"node\): .* ask at most 57 GiB in all, or let the pool launch g5.8xlarge"),
+    (TrainingJobConfig(), ["snapshot.max_gb_per_node=30"],
+     r"'spotray:training.memoryGiBPerWorker': is 32 \+ 28 for snapshot.max_gb_per_node, .* ask at most 57 GiB in all "
+     r"\(snapshot.max_gb_per_node counts\)"),
+])
+def test_a_worker_no_node_of_its_pool_holds_names_the_setting_and_the_largest_that_fits(project, job, overrides,
+                                                                                      says):
+    """The dev stack's pool launches g5.xlarge to g5.4xlarge; a worker asking more GPUs, CPUs or memory than the
+    largest leaves would wait for a node Karpenter never launches, with nothing said."""
+    settings = JobSettings(image="r.example.com/t:9", gpu_pool="a10g-spot", job=job,
+                           pool_instance_types=launchable(["g5"], ["xlarge", "2xlarge", "4xlarge"]))
+    with pytest.raises(ConfigError, match=f"^config {says}"):
+        check_for_cluster(load(str(project / "run.yaml"), overrides), settings)
+    check_for_cluster(load(str(project / "run.yaml")), replace(settings, job=TrainingJobConfig()))
