@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from spotray.accounts import aws_prices
+from spotray.data import FORMATS
 from spotray.errors import SpotrayError
 from spotray.planning import estimate
 from spotray.reports import cost_report
@@ -171,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify", metavar="URL", help="check every shard of the dataset at URL against its index")
     p.add_argument("--tokenizer", default="bytes",
                    help="'bytes' (default), a HF tokenizer.json or a model directory holding one (local or s3://)")
-    p.add_argument("--format", default="auto", choices=["auto", "text", "jsonl", "json", "parquet"],
+    p.add_argument("--format", default="auto", choices=FORMATS,
                    help="auto (default): by extension (.jsonl/.ndjson/.json, .parquet, else text; .gz/.zst allowed; "
                         "a .json file that begins with '[' is one array of records); json: such an array")
     p.add_argument("--text-field", default="text", help="the JSONL field or Parquet column holding the text")

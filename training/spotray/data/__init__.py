@@ -5,3 +5,5 @@ not import torch.
 
 May import: the base modules at the package's root, ``spotray.accounts`` and ``spotray.checkpoints``.
 """
+
+FORMATS = ("auto", "text", "jsonl", "json", "parquet")  # of an input file; json: one JSON array of records

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from spotray.data import FORMATS
 from spotray.data.chunks import (
     ChunkJob,
     ChunkSettings,
@@ -43,7 +44,7 @@ from spotray.data.index import (
     val_split_url,
 )
 from spotray.data.prepare_progress import PrepareProgress
-from spotray.data.sources import FORMATS, IO_THREADS, list_inputs, plan_chunks
+from spotray.data.sources import IO_THREADS, list_inputs, plan_chunks
 from spotray.data.tokenizer import Tokenizer, load_tokenizer
 from spotray.errors import DataError, StorageError
 from spotray.storage import Location, StorageOptions, resolve

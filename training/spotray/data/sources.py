@@ -26,7 +26,6 @@ import pyarrow.fs as pafs
 from spotray.errors import DataError, StorageError
 from spotray.storage import Location, StorageOptions, resolve
 
-FORMATS = ("auto", "text", "jsonl", "json", "parquet")  # json: one JSON array of records
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
