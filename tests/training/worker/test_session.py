@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 import zlib
@@ -26,6 +27,7 @@ from spotray.storage import resolve
 from spotray.worker import session
 from spotray.worker.attempt import WorkerEnv
 from spotray.worker.cadence import Cadence
+from tests.repo import REPO
 from tests.training.records_outage import first_loss_log_write_fails
 
 
@@ -351,6 +353,42 @@ def test_a_scripts_compiling_is_the_compile_category_not_its_steps_or_evaluation
     assert status is not None and status["compile_s"] > 0.2
     # Every second once: in the step, the evaluation, or the compile category, never two of them.
     assert abs(first_step + eval_s + status["compile_s"] - sum(walls)) < 0.1, (first_step, eval_s, walls, status)
+
+
+COMPILES_AFTER_RESTORE = """
+import sys
+from pathlib import Path
+
+import torch
+
+from spotray.accounts import goodput
+from spotray.worker import session
+from tests.training.worker.test_session import open_session, script_config
+
+runs = Path(sys.argv[1])
+for compiles in (False, True):  # nanoGPT's order: the checkpoint loaded, then torch.compile, which imports Dynamo
+    current = open_session(0, 1, script_config(runs / str(compiles)))
+    session.begin(current)
+    current.restore(str(runs / "resume"))
+    if compiles:
+        torch.compile(lambda x: torch.cos(x) + 1)(torch.ones(4))
+    current.report(1, loss=1.0)
+    current.finish(moved=False)
+    session.begin(None)
+    status = goodput.read_status(current.attempts, current.attempt_id)
+    print(compiles, "torch._dynamo" in sys.modules, round(status["compile_s"], 3) > 0,
+          any(type(f).__name__ == "_AfterImport" for f in sys.meta_path))
+"""
+
+
+def test_a_script_importing_dynamo_after_restore_has_its_compiling_timed_and_one_never_compiling_never_imports_it(
+        tmp_path):
+    """torch.compile imports Dynamo on its first call, which a script often makes after loading its checkpoint; in a
+    fresh process, as a worker is, before any other test imported it."""
+    done = subprocess.run([sys.executable, "-c", COMPILES_AFTER_RESTORE, str(tmp_path)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["False False False False", "True True True False"], done.stdout
 
 
 def test_outside_spotray_train_the_calls_do_nothing(tmp_path, caplog):

@@ -256,9 +256,7 @@ class Session:
             writer=self.writer, log_every=self.cfg.train.log_every)
         self.telemetry.started(time.time() - self.entered_at - restore_s, restore_s)
         self.cadence = self._cadence()
-        # A script that compiles has imported Dynamo by now (torch.compile, or a Trainer through Accelerate); one
-        # that has not is not made to pay its second of import.
-        self._compile_timer = CompileTimer().start() if "torch._dynamo" in sys.modules else None
+        self._compile_timer = CompileTimer().start_once_dynamo_loads()
         self._last_report_at = time.perf_counter()
 
     def _cadence(self) -> Cadence:
