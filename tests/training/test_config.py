@@ -82,6 +82,21 @@ def test_an_unknown_key_is_named_on_one_line_however_it_is_spelled(raw, named):
     assert raised.value.field == named and "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("pair, says", [
+    ("scaling.num_workers=two", "config 'scaling.num_workers': expected a whole number, got 'two'"),
+    ("scaling.use_gpu=3", "config 'scaling.use_gpu': expected true or false, got 3"),
+    ("snapshot.every_steps=1.5", "config 'snapshot.every_steps': expected a whole number or text, got 1.5"),
+    ("snapshot.max_gb_per_node=big", "config 'snapshot.max_gb_per_node': expected a number, got 'big'. give one, "
+                                     "or leave the key out for its default"),
+    ("snapshot=[1, 2, 3, 4, 5, 6, 7, 8]", "config 'snapshot': expected a section of keys, got [1, 2, 3, 4, 5, 6, ...]"),
+])
+def test_a_value_of_the_wrong_type_is_named_as_yaml_writes_it(pair, says):
+    """Not Python's type names (``expected str, got 1.5`` for a count of steps), and a long value shortened."""
+    with pytest.raises(ConfigError) as raised:
+        load(pair)
+    assert str(raised.value) == says
+
+
 def test_data_path_is_required():
     with pytest.raises(ConfigError, match="data.path"):
         config.load(None, [])

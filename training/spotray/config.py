@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -529,7 +530,7 @@ def from_dict(raw: dict) -> TrainConfig:
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(prefix.rstrip(".") or "<root>", f"expected a mapping, got {type(raw).__name__}")
+        raise ConfigError(prefix.rstrip(".") or "<root>", f"expected a section of keys, got {reprlib.repr(raw)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -555,20 +556,33 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
         return float(value)
     expected = typing.get_origin(hint) or hint
     if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-        raise ConfigError(key, f"expected {getattr(expected, '__name__', expected)}, got {value!r}")
+        raise ConfigError(key, f"expected {_kind(hint)}, got {reprlib.repr(value)}")
     return value
 
 
 def _coerce_union(options: tuple, value: Any, key: str) -> Any:
     if value is None and type(None) in options:
         return None
-    candidates = [a for a in options if a is not type(None)]
-    for candidate in candidates[:-1]:
+    for candidate in (a for a in options if a is not type(None)):
         try:
             return _coerce(candidate, value, key)
         except ConfigError:
             continue
-    return _coerce(candidates[-1], value, key)
+    kinds = " or ".join(_kind(a) for a in options if a is not type(None))
+    raise ConfigError(key, f"expected {kinds}, got {reprlib.repr(value)}",
+                      "give one, or leave the key out for its default" if type(None) in options else "")
+
+
+def _kind(hint: Any) -> str:
+    """A type as the YAML a user writes: ``int`` -> a whole number."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return "a section of keys"
+    origin = typing.get_origin(hint) or hint
+    return _KINDS.get(origin, getattr(origin, "__name__", str(origin)))
+
+
+_KINDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false", list: "a list",
+          tuple: "a list", dict: "a mapping of keys to values"}
 
 
 def parse_overrides(pairs: list[str]) -> dict:
