@@ -1,7 +1,12 @@
+import dataclasses
+import re
+import typing
+
 import pytest
 
 from spotray import config
 from spotray.errors import ConfigError
+from tests.repo import REPO
 
 
 def load(*pairs):
@@ -108,3 +113,22 @@ def test_every_size_a_run_may_shrink_to_divides_the_global_batch_and_the_error_s
     assert load("scaling.num_workers=4").scaling.fewest_workers == 4  # unset: today's behaviour, no shrinking
     with pytest.raises(ConfigError, match=r"8 is not divisible by 3 workers.*from 2 to 4 divides \(e\.g\. 12"):
         load("scaling.num_workers=4", "scaling.min_workers=2")
+
+
+def leaf_keys(section: type, prefix: str = "") -> list[str]:
+    """Every key a config file may set below ``section``, as YAML spells it."""
+    keys, hints = [], typing.get_type_hints(section)
+    for field in dataclasses.fields(section):
+        key = prefix + config._reverse_alias(field.name)
+        inner = [t for t in (typing.get_args(hints[field.name]) or (hints[field.name],)) if dataclasses.is_dataclass(t)]
+        keys += leaf_keys(inner[0], f"{key}.") if inner else [key]
+    return keys
+
+
+def test_the_config_page_names_every_key():
+    """The README sends users to docs/config.md for every key; a section named there (``tracking.mlflow``) covers
+    its keys, which its own page describes."""
+    named = set(re.findall(r"`([a-z_.]+)`", (REPO / "docs" / "config.md").read_text()))
+    unnamed = [key for key in leaf_keys(config.TrainConfig)
+               if not any(key == name or "." in name and key.startswith(f"{name}.") for name in named)]
+    assert len(leaf_keys(config.TrainConfig)) > 70 and unnamed == []
