@@ -1,9 +1,11 @@
 import dataclasses
 import re
+import typing
 
 import pytest
 
-from infra.kernel.config import GpuPoolConfig, TrainingJobConfig, from_values, load_stack_file
+from infra.kernel.config import GpuPoolConfig, StackConfig, TrainingJobConfig, from_values, load_stack_file
+from infra.kernel.settings import Section
 from infra.kernel.versions import MINIO_IMAGES, Image
 from spotray.errors import ConfigError, SpotrayError
 from tests.repo import REPO, STACKS
@@ -253,3 +255,24 @@ def test_a_missing_region_names_the_aws_key_itself():
     with pytest.raises(ConfigError) as err:
         from_values("spotray", "dev", values(), None)
     assert err.value.field == "aws:region" and "pulumi config set aws:region" in str(err.value)
+
+
+def stack_keys(section: type = StackConfig, prefix: str = "") -> list[str]:
+    """Every key a stack file may set below ``section`` (a pool's as ``gpuPools.name``)."""
+    keys, hints = [], typing.get_type_hints(section)
+    for field in dataclasses.fields(section):
+        if "key" not in field.metadata:
+            continue
+        key = prefix + field.metadata["key"]
+        inner = [t for t in (typing.get_args(hints[field.name]) or (hints[field.name],))
+                 if isinstance(t, type) and issubclass(t, Section)]
+        keys += stack_keys(inner[0], f"{key}.") if inner else [key]
+    return keys
+
+
+def test_the_docs_name_every_stack_setting():
+    """Each key appears in the docs as a YAML key (``diskGiB: 100``) or in backticks, by its last part at least."""
+    docs = " ".join(page.read_text() for page in (REPO / "docs").glob("*.md"))
+    named = set(re.findall(r"`(?:[\w.:]+[.:])?(\w+)`", docs)) | set(re.findall(r"(\w+): ", docs))
+    keys = stack_keys()
+    assert len(keys) > 60 and [key for key in keys if key.rsplit(".", 1)[-1] not in named] == []
