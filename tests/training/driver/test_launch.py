@@ -229,3 +229,15 @@ def test_a_finished_run_waits_for_the_evidence_at_most_its_bound_and_past_a_stor
     launch._await_evidence(resolve("/tmp/unused"), 0.0, io.StringIO(), all_gone)
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "could not record why the run's last attempts ended: S3 unreachable"]
+
+
+def test_a_gpu_run_in_float32_is_told_once_at_its_start_what_bfloat16_would_buy():
+    """Its steps would run several times slower on the GPUs it pays for; a CPU run, a bfloat16 run and a script (whose
+    precision is its own) are told nothing."""
+    [note] = [line for line in launch.header(make_config("/d", "/r", "g", "scaling.use_gpu=true"), "log") if
+              line.startswith("note:")]
+    assert "train.dtype is float32" in note and note.endswith("set train.dtype: bfloat16 unless the model needs "
+                                                              "float32")
+    for quiet in (["scaling.use_gpu=false"], ["scaling.use_gpu=true", "train.dtype=bfloat16"],
+                  ["scaling.use_gpu=true", "script.path=train.py"]):
+        assert len(launch.header(make_config("/d", "/r", "g", *quiet), "log")) == 2, quiet

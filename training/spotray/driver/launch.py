@@ -456,7 +456,16 @@ def header(cfg: TrainConfig, log: str, verbose: bool = False) -> list[str]:
     return [f"run {cfg.run.name}: {what} on {workers(scaling.num_workers)} "
             f"({resources_text(scaling.worker_resources)} each, "
             f"{cfg.parallel.upper()} over {scaling.backend}); checkpoints in {checkpoints_root(root).url}",
-            f"log {log}{'' if verbose else ' (--verbose shows it here)'}"]
+            f"log {log}{'' if verbose else ' (--verbose shows it here)'}", *_precision_note(cfg)]
+
+
+def _precision_note(cfg: TrainConfig) -> list[str]:
+    """PyTorch multiplies float32 matrices in full float32 (TF32 off), which a GPU bill pays for several times over."""
+    if cfg.script.path or not cfg.scaling.use_gpu or cfg.train.dtype != "float32":
+        return []
+    return ["note: train.dtype is float32, so every matrix product runs in full float32, several times slower than "
+            "bfloat16 on the tensor cores of A10G, L4, L40S, A100 and H100-class GPUs (a T4 has none for bfloat16): "
+            "set train.dtype: bfloat16 unless the model needs float32"]
 
 
 def log_location(cfg: TrainConfig) -> Location:
