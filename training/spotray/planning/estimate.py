@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ckpt.add_argument("--blocking-save-s", help="seconds a save blocks training")
     ckpt.add_argument("--save-s", help="seconds a whole save takes, end to end")
     ckpt.add_argument("--restore-s", help="seconds a restore takes")
-    ckpt.add_argument("--async-save", action="store_true", help="saves are asynchronous (checkpoint.async_save)")
+    ckpt.add_argument("--async-save", action="store_true", help="saves are asynchronous (checkpoint.async: true)")
     ckpt.add_argument("--checkpoint-gb", help="checkpoint size in GB (e.g. params x 16 bytes with Adam)")
     ckpt.add_argument("--storage-gb-s", help="storage bandwidth per node in GB/s (save and restore scale with it)")
     faults = parser.add_argument_group("interruptions and recovery")
