@@ -259,7 +259,8 @@ def test_a_missing_region_names_the_aws_key_itself():
 
 def stack_keys(section: type = StackConfig, prefix: str = "") -> list[str]:
     """Every key a stack file may set below ``section`` (a pool's as ``gpuPools.name``)."""
-    keys, hints = [], typing.get_type_hints(section)
+    keys: list[str] = []
+    hints = typing.get_type_hints(section)
     for field in dataclasses.fields(section):
         if "key" not in field.metadata:
             continue

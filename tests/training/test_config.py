@@ -117,10 +117,12 @@ def test_every_size_a_run_may_shrink_to_divides_the_global_batch_and_the_error_s
 
 def leaf_keys(section: type, prefix: str = "") -> list[str]:
     """Every key a config file may set below ``section``, as YAML spells it."""
-    keys, hints = [], typing.get_type_hints(section)
+    keys: list[str] = []
+    hints = typing.get_type_hints(section)
     for field in dataclasses.fields(section):
         key = prefix + config._reverse_alias(field.name)
-        inner = [t for t in (typing.get_args(hints[field.name]) or (hints[field.name],)) if dataclasses.is_dataclass(t)]
+        inner = [t for t in (typing.get_args(hints[field.name]) or (hints[field.name],))
+                 if isinstance(t, type) and dataclasses.is_dataclass(t)]
         keys += leaf_keys(inner[0], f"{key}.") if inner else [key]
     return keys
 

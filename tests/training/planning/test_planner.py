@@ -212,6 +212,15 @@ def test_bad_input_is_one_line_naming_the_flag_and_the_fix_exit_2(argv, flag):
     assert caught.value.exit_code == 2
 
 
+def test_every_missing_input_is_named_in_one_line_not_one_run_at_a_time():
+    with pytest.raises(SpotrayError) as caught:
+        estimate("--nodes", "8", "--tokens-per-step", "4M")
+    line = str(caught.value)
+    assert line.startswith("--step-s, --restart-s, --interruptions-per-node-hour, --tokens: are required (--step-s: "
+                           "seconds per training step; --restart-s: seconds from an "), line
+    assert "\n" not in line and line.endswith("measures the step, batch and restart") and caught.value.exit_code == 2
+
+
 def test_the_table_has_a_row_per_size_and_capacity_and_json_has_the_same_plans(capsys):
     argv = ["--tokens", "1T", "--tokens-per-step", "4M", "--step-s", "7", "--step-nodes", "8", "--nodes", "8,64,512",
             "--checkpoint-gb", "112", "--storage-gb-s", "2", "--interruptions-per-node-hour", "0.001",

@@ -79,12 +79,15 @@ _NUMBERS = {  # flag destination -> (Inputs field, parser)
     "spot_price": ("spot_price", "float"), "on_demand_price": ("on_demand_price", "float"),
     "warm_spare_price": ("warm_spare_price", "float"),
 }
-_REQUIRED_FIXES = {
-    "step_s": "--step-s: is required: seconds per training step; give it, or --from RUN_URL",
-    "tokens_per_step": "--tokens-per-step: is required: the global batch in tokens; give it, or --from RUN_URL",
-    "restart_s": ("--restart-s: is required: seconds from an interruption to training again (replacement capacity "
-                  "+ start-up); give it, or --from RUN_URL of an interrupted run"),
+_REQUIRED = {  # the inputs a plan cannot go without: what each is, and where a user finds it
+    "step_s": ("--step-s", "seconds per training step", "give it, or --from RUN_URL"),
+    "tokens_per_step": ("--tokens-per-step", "the global batch in tokens", "give it, or --from RUN_URL"),
+    "restart_s": ("--restart-s", "seconds from an interruption to training again (replacement capacity + start-up)",
+                  "give it, or --from RUN_URL of an interrupted run"),
 }
+_RATE = ("--interruptions-per-node-hour", "the spot pool's interruptions per node-hour",
+         "e.g. 0.001 (the pool's history, or spotray status of a run on it)")
+_SIZE = ("--tokens", "the run's size in tokens", "e.g. --tokens 1T, or --steps N")
 
 
 def _number(flag: str, text: str, kind: str) -> float | int:
@@ -149,13 +152,26 @@ def inputs_from_args(args: argparse.Namespace) -> tuple[Inputs, Measured | None]
             if name not in given:
                 raise SpotrayError(f"--from {args.from_url}: {why}")
     merged = {**values, **given}
-    for name, message in _REQUIRED_FIXES.items():
-        if name not in merged:
-            raise SpotrayError(message)
+    _require_all(merged, measured is not None)
     if "interruptions_per_node_hour" not in merged and "interruptions" not in merged and measured:
         merged["interruptions_per_node_hour"] = _observed_rate(measured)
     known = {f.name for f in fields(Inputs)}
     return Inputs(**{k: v for k, v in merged.items() if k in known}), measured
+
+
+def _require_all(merged: dict[str, Any], measured: bool) -> None:
+    """Every required input missing, named in one line, so that a plan is not found out one flag at a time."""
+    missing = [required for name, required in _REQUIRED.items() if name not in merged]
+    if not measured:
+        missing += [_RATE] if {"interruptions_per_node_hour", "interruptions"}.isdisjoint(merged) else []
+        missing += [_SIZE] if {"tokens", "steps"}.isdisjoint(merged) else []
+    if len(missing) == 1:
+        [(flag, what, fix)] = missing
+        raise SpotrayError(f"{flag}: is required: {what}; {fix}")
+    if missing:
+        raise SpotrayError(f"{', '.join(flag for flag, _, _ in missing)}: are required ("
+                           + "; ".join(f"{flag}: {what}" for flag, what, _ in missing) + "); give them, or --from "
+                           "RUN_URL of an interrupted run, whose ledger measures the step, batch and restart")
 
 
 def _observed_rate(measured: Measured) -> float:
