@@ -10,13 +10,20 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+import torch
+import torch.distributed as dist
 
 import spotray
 from infra.cli import main
+from spotray import config
 from spotray.checkpoints.dcp import COMMIT_MARKER, FILES_FORMAT, list_committed
+from spotray.drills.process_group import run_on_process_group
 from spotray.errors import ConfigError, SpotrayError
 from spotray.storage import resolve
+from spotray.worker.attempt import WorkerEnv
+from spotray.worker.user_script import run_on_worker
 from tests.training.runs import cli_env
+from tests.training.worker.test_session import script_config
 
 
 def spotray_train(cwd: Path, ray_address: str, *args: str) -> subprocess.CompletedProcess:
@@ -122,3 +129,34 @@ def test_a_config_error_names_the_key():
 
         config.from_dict({"script": {"path": "x.py", "args": ["--epochs", 3]}})
     assert issubclass(ConfigError, SpotrayError)
+
+
+TORCHRUN_SCRIPT = """
+import torch
+import torch.distributed as dist
+from torch.distributed import destroy_process_group, init_process_group
+
+import spotray
+
+init_process_group(backend="gloo")  # as under torchrun, where the script makes the group
+spotray.restore("ckpt", max_steps=1)
+total = torch.ones(1)
+dist.all_reduce(total)
+spotray.report(1, loss=float(total))
+destroy_process_group()
+"""
+
+
+def torchrun_script_rank(rank: int, world_size: int, project: str) -> bool:
+    raw = {**script_config(Path(project) / "runs"), "script": {"path": str(Path(project) / "train.py")}}
+    run_on_worker(config.from_dict(raw), WorkerEnv(rank, world_size, torch.device("cpu"), lambda _: None))
+    return dist.is_initialized()
+
+
+def test_a_script_written_for_torchrun_makes_and_destroys_its_group_in_vain_and_trains(tmp_path):
+    """Its init_process_group joins the group Ray Train made (before: "trying to initialize the default process
+    group twice", every attempt), and its destroy_process_group leaves that group to the session, which ends after
+    the script."""
+    (tmp_path / "train.py").write_text(TORCHRUN_SCRIPT)
+    assert run_on_process_group(torchrun_script_rank, (str(tmp_path),), 2) is True
+    assert dist.init_process_group.__module__ == "torch.distributed.distributed_c10d", "put back after the script"

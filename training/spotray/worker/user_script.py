@@ -1,5 +1,6 @@
 """``spotray train --script``: a user's own training script run on every Ray Train worker, with a session
-(``spotray.restore`` ... ``should_stop``) and ``torch.distributed`` already set up as ``torchrun`` would.
+(``spotray.restore`` ... ``should_stop``) and ``torch.distributed`` already set up as ``torchrun`` would, where the
+script's own ``init_process_group`` joins that group and its ``destroy_process_group`` leaves it to the session.
 
 The attempt ends when the script returns (the run is complete), when it moved on a notice (``session.MovedOn``
 raised into it, or ``spotray.should_stop()`` seen), or when it raises: then the one line
@@ -12,9 +13,12 @@ import logging
 import os
 import runpy
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.config import TrainConfig
@@ -89,7 +93,8 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
     sys.argv = [path, *cfg.script.args]
     sys.path.insert(0, str(Path(path).resolve().parent))
     try:
-        runpy.run_path(path, run_name="__main__")
+        with _group_made_for_the_script():
+            runpy.run_path(path, run_name="__main__")
     except sessions.MovedOn:
         session.finish(moved=True)
         return
@@ -110,6 +115,31 @@ def run_on_worker(cfg: TrainConfig, env: WorkerEnv) -> None:
         sys.argv = argv
         sessions.begin(None)
     session.finish(moved=session.should_stop())
+
+
+@contextmanager
+def _group_made_for_the_script() -> Iterator[None]:
+    """A script written for torchrun makes the default process group and destroys it at its end; Ray Train has made
+    it here, and the session still needs it after the script, so both calls leave it as it is (torch offers no hook
+    for this; only the two names are replaced, for the script's run)."""
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    def join(*args, **kwargs) -> None:
+        if not dist.is_initialized():
+            return init(*args, **kwargs)
+        log.info("the script's init_process_group joins the process group Ray Train made (%s, %d ranks)",
+                 dist.get_backend(), dist.get_world_size())
+        return None
+
+    def leave(group=None) -> None:
+        if group is not None and group is not dist.group.WORLD:
+            destroy(group)
+
+    dist.init_process_group, dist.destroy_process_group = join, leave
+    try:
+        yield
+    finally:
+        dist.init_process_group, dist.destroy_process_group = init, destroy
 
 
 def _failed(session: sessions.Session, env: WorkerEnv, exc: BaseException, line: str) -> None:
