@@ -566,8 +566,9 @@ def _coerce_union(options: tuple, value: Any, key: str) -> Any:
     for candidate in (a for a in options if a is not type(None)):
         try:
             return _coerce(candidate, value, key)
-        except ConfigError:
-            continue
+        except ConfigError as exc:
+            if exc.field != key:  # the value is of this kind, and something inside it is wrong: say that
+                raise
     kinds = " or ".join(_kind(a) for a in options if a is not type(None))
     raise ConfigError(key, f"expected {kinds}, got {reprlib.repr(value)}",
                       "give one, or leave the key out for its default" if type(None) in options else "")
