@@ -51,6 +51,6 @@ class FakeHolder:
             raise HolderGone(f"node {self.node} is gone")
 
 
-def snapshot_location(holders: list[FakeHolder], own: int = 0) -> Location:
-    ring = HolderRing(list(holders), own, EVERYWHERE)
+def snapshot_location(holders: list[FakeHolder], own: int = 0, machines: dict[str, str] | None = None) -> Location:
+    ring = HolderRing(list(holders), own, EVERYWHERE, machines)
     return Location("snapshot://run", pafs.PyFileSystem(HolderFileSystem(ring)), "run")

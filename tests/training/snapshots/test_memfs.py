@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spotray.errors import NotFound, StorageError
+from spotray.snapshots.memfs import ring_order
 from tests.training.snapshots.holders import FakeHolder, snapshot_location
 
 
@@ -22,6 +23,28 @@ def test_a_file_goes_to_its_writers_node_and_the_next_and_what_lists_a_snapshot_
         ["run/step_1/.metadata", "run/step_1/COMMITTED.json", "run/step_1/__2_0.distcp"],  # node 2's next: node 0
         ["run/step_1/.metadata", "run/step_1/COMMITTED.json"],
         ["run/step_1/.metadata", "run/step_1/COMMITTED.json", "run/step_1/__2_0.distcp"]]
+
+
+@pytest.mark.parametrize(("machines", "parts_held"), [
+    ({"a1": "ip-a", "a2": "ip-a", "b1": "ip-b", "b2": "ip-b"}, [2, 2, 2, 2]),  # two pods on each of two instances
+    ({"a1": "ip-a", "a2": "ip-a", "a3": "ip-a", "b1": "ip-b"}, [1, 4, 2, 1]),  # b1 must hold a copy of all of ip-a's
+])
+def test_a_parts_second_copy_is_on_another_machine_where_nodes_share_one(machines, parts_held):
+    """On Kubernetes worker pods (Ray nodes) may share an instance, which a spot interruption takes whole: each part
+    must have a copy off its own instance. By node id alone, a1's copy went to a2, and losing ip-a lost both."""
+    order = ring_order(machines)
+    holders = [FakeHolder(node) for node in order]
+    for own, node in enumerate(order):
+        snapshot_location(holders, own, machines).child("s", f"__{node}.distcp").write_bytes(b"part")
+    for node in order:
+        held_on = {machines[h.node] for h in holders if f"run/s/__{node}.distcp" in h.files}
+        assert held_on == {"ip-a", "ip-b"}, (node, held_on)
+    assert [len(h.files) for h in holders] == parts_held, order
+
+
+def test_nodes_each_their_own_machine_keep_the_ring_of_node_ids():
+    assert ring_order({"n2": "n2", "n0": "n0", "n1": "n1"}) == ["n0", "n1", "n2"]
+    assert ring_order({"a1": "ip-a", "a2": "ip-a", "b1": "ip-b", "b2": "ip-b"}) == ["a1", "b1", "a2", "b2"]
 
 
 def test_reads_come_from_the_writers_own_node_first_then_any_survivor(holders):

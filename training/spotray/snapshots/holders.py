@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -16,9 +17,10 @@ import pyarrow.fs as pafs
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from spotray.accounts.node_records import NODE_NAME_ENV
 from spotray.checkpoints.dcp import COMMIT_MARKER, METADATA, all_gather_objects
 from spotray.ray_nodes import unreachable_nodes
-from spotray.snapshots.memfs import HolderFileSystem, HolderFull, HolderGone, HolderRing, under
+from spotray.snapshots.memfs import HolderFileSystem, HolderFull, HolderGone, HolderRing, ring_order, under
 from spotray.storage import Location
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,7 @@ CALL_TIMEOUT_S = 60.0
 NODE_CHECK_S = 1.0  # while a call waits: how often its node is asked whether it is gone
 ROOM_SHARE = 0.5  # of the memory the node's processes may still take, at most, for one run's snapshots
 EVERYWHERE = frozenset({METADATA, COMMIT_MARKER})  # what a snapshot holds, on every node: a survivor can list it
+HOLDER_NODE_CHARS = 12  # of a Ray node id, naming its holder in lines and rings
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -85,7 +88,7 @@ class RayHolder:
     """``memfs.Holder`` over one node's holder actor."""
 
     def __init__(self, actor, node_id: str):
-        self.actor, self.node_id, self.node = actor, node_id, node_id[:12]
+        self.actor, self.node_id, self.node = actor, node_id, node_id[:HOLDER_NODE_CHARS]
 
     def put(self, path: str, data: bytes) -> None:
         refused = self._call(self.actor.refusal, path, len(data)) or self._call(self.actor.put, path, data)
@@ -136,11 +139,14 @@ def node_holder(run_url: str, node_id: str, max_bytes: int | None) -> RayHolder:
 
 
 def snapshot_root(run_url: str, max_bytes: int | None) -> Location:
-    """This rank's view of the run's snapshot memory: a holder on each node of the worker group, in a ring ordered
-    by node id, each rank's files on its own node and the next (a collective over the worker group)."""
+    """This rank's view of the run's snapshot memory: a holder on each node of the worker group, each rank's files on
+    its own node and the next in the ring on another machine (a collective over the worker group). A Ray node's
+    machine is its pod's Kubernetes node (``NODE_NAME_ENV``), where pods share one; elsewhere the node itself."""
     node = ray.get_runtime_context().get_node_id()
-    nodes = sorted(set(all_gather_objects(node, None)))
-    ring = HolderRing([node_holder(run_url, n, max_bytes) for n in nodes], nodes.index(node), EVERYWHERE)
+    machines = dict(all_gather_objects((node, os.environ.get(NODE_NAME_ENV) or node), None))
+    nodes = ring_order(machines)
+    ring = HolderRing([node_holder(run_url, n, max_bytes) for n in nodes], nodes.index(node), EVERYWHERE,
+                      {node_id[:HOLDER_NODE_CHARS]: machine for node_id, machine in machines.items()})
     key = holder_prefix(run_url).rstrip("-")
     return Location(f"snapshot://{key}", pafs.PyFileSystem(HolderFileSystem(ring)), key)
 

@@ -8,8 +8,9 @@ it, the writer's own node first. A holder that does not answer (its node is gone
 from __future__ import annotations
 
 import io
+import itertools
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import pyarrow as pa
@@ -49,20 +50,32 @@ class HolderFull(OSError):
 
 class HolderRing:
     """The holders a rank writes to and reads from. ``ring``: one holder per node, in ring order; ``own``: the
-    index of this rank's node; ``everywhere``: file names every holder gets. A node ``excluded`` for want of room
-    holds nothing: its ranks' files go to the next two nodes that hold, so that losing any one node still leaves a
-    copy. ``refused``: the nodes that refused this rank a file since the ring was last told (``exclude``)."""
+    index of this rank's node; ``everywhere``: file names every holder gets; ``machines``: the machine each node
+    (``Holder.node``) runs on, where several share one (Kubernetes pods on one instance, which a spot interruption
+    takes whole); a node missing is its own machine. A file's second copy goes to the next node on another machine
+    where there is one. A node ``excluded`` for want of room holds nothing: its ranks' files go to the next two nodes
+    that hold, so that losing any one node still leaves a copy. ``refused``: the nodes that refused this rank a file
+    since the ring was last told (``exclude``)."""
 
-    def __init__(self, ring: list[Holder], own: int, everywhere: frozenset[str]):
+    def __init__(self, ring: list[Holder], own: int, everywhere: frozenset[str],
+                 machines: Mapping[str, str] | None = None):
         if not ring:
             raise ValueError("a snapshot ring needs at least one holder")
         self.ring, self.own, self.everywhere = ring, own, everywhere
+        self.machines = dict(machines or {})
         self.excluded: set[str] = set()
         self.refused: set[str] = set()
 
     def targets(self, path: str) -> list[Holder]:
         holding = [holder for holder in self.readers() if holder.node not in self.excluded]
-        return holding if posixpath.basename(path) in self.everywhere else holding[:2]
+        if posixpath.basename(path) in self.everywhere or not holding:
+            return holding
+        first, rest = holding[0], holding[1:]
+        elsewhere = [holder for holder in rest if self._machine(holder) != self._machine(first)]
+        return [first, *(elsewhere or rest)[:1]]
+
+    def _machine(self, holder: Holder) -> str:
+        return self.machines.get(holder.node, holder.node)
 
     def exclude(self, nodes: set[str]) -> bool:
         """Stops writing to ``nodes``; False (and nothing changes) where no node would be left to hold."""
@@ -209,6 +222,14 @@ class _Upload(io.BytesIO):
                     raise
         finally:
             super().close()
+
+
+def ring_order(machines: Mapping[str, str]) -> list[str]:
+    """The nodes (``{node: machine}``) in ring order: one node of each machine in turn, so that each node's next one on
+    another machine is also its next in the ring and no node holds more second copies than the machines' sizes force.
+    Where every node is its own machine, the nodes sorted."""
+    by_machine = [sorted(n for n, m in machines.items() if m == machine) for machine in sorted(set(machines.values()))]
+    return [node for turn in itertools.zip_longest(*by_machine) for node in turn if node is not None]
 
 
 def holder_ring(location) -> HolderRing | None:
