@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cluster.worker_size import check_worker_fits, snapshot_gib
+from cluster.worker_size import check_pod_filled, check_worker_fits, snapshot_gib, worker_pods, workers_per_pod
 from spotray.config import TrainConfig
 from spotray.errors import ConfigError
 
@@ -15,9 +15,7 @@ if TYPE_CHECKING:
 
 
 def check_for_cluster(cfg: TrainConfig, settings: JobSettings) -> None:
-    _check_gpus(cfg, settings)
-    if settings.pool_instance_types:
-        check_worker_fits(settings.job, settings.gpu_pool, settings.pool_instance_types, snapshot_gib(cfg.snapshot))
+    _check_gpus(cfg, settings, snapshot_gib(cfg.snapshot))
     if cfg.runtime.working_dir and not cfg.runtime.working_dir_is_uri:
         raise ConfigError("runtime.working_dir", f"{cfg.runtime.working_dir} is a directory of this machine, which a "
                           "RayJob's cluster cannot read",
@@ -37,19 +35,24 @@ def check_for_cluster(cfg: TrainConfig, settings: JobSettings) -> None:
                               "absolute path inside the training image")
 
 
-def _check_gpus(cfg: TrainConfig, settings: JobSettings) -> None:
-    pool, per_worker, limit = settings.gpu_pool, settings.job.gpus_per_worker, settings.pool_gpu_limit
+def _check_gpus(cfg: TrainConfig, settings: JobSettings, snapshot: int) -> None:
+    job, pool, per_pod, limit = settings.job, settings.gpu_pool, settings.job.gpus_per_worker, settings.pool_gpu_limit
     if not cfg.scaling.use_gpu:
         raise ConfigError("scaling.use_gpu", f"is false, but the job's workers run on GPU pool {pool} with "
-                          f"{per_worker} GPU(s) each, which would stay idle", "set scaling.use_gpu: true")
-    fewest = cfg.scaling.min_workers or cfg.scaling.num_workers
-    if limit is not None and fewest * per_worker > limit:
+                          f"{per_pod} GPU(s) each, which would stay idle", "set scaling.use_gpu: true")
+    if settings.pool_instance_types:
+        check_worker_fits(job, pool, settings.pool_instance_types, snapshot)
+    check_pod_filled(cfg, job)
+    fewest, workers = cfg.scaling.min_workers or cfg.scaling.num_workers, workers_per_pod(cfg, job)
+    gpus = worker_pods(cfg, job, fewest) * per_pod
+    if limit is not None and gpus > limit:
         key = "scaling.min_workers" if cfg.scaling.min_workers else "scaling.num_workers"
-        fits = limit // per_worker
-        raise ConfigError(key, f"{fewest} workers of {per_worker} GPU(s) need {fewest * per_worker} GPUs, over pool "
-                          f"{pool}'s gpuLimit {limit}: the job would wait for nodes the pool never launches",
+        fits = limit // per_pod * workers
+        shape = f"of {per_pod} GPU(s)" if workers == 1 else f"({workers} to a pod of {per_pod} GPUs)"
+        raise ConfigError(key, f"{fewest} workers {shape} need {gpus} GPUs, over pool {pool}'s gpuLimit {limit}: the "
+                          "job would wait for nodes the pool never launches",
                           (f"train on at most {fits} workers, or " if fits else "")
-                          + f"raise the pool's gpuLimit to {fewest * per_worker}")
+                          + f"raise the pool's gpuLimit to {gpus}")
 
 
 def _check_writable(key: str, url: str, roots: tuple[str, ...]) -> None:

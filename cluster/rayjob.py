@@ -2,8 +2,9 @@
 settings, shared by the Pulumi component, ``spotray render`` and ``spotray submit``.
 
 Shape: the head on the on-demand core pool with ``num-cpus: "0"`` (it schedules, never trains); one worker
-group on a GPU spot pool, as many workers as ``scaling.num_workers`` (fixed size: DDP/FSDP need them all);
-each worker's Ray resources equal its container's, so Ray never hands out a GPU the pod does not have. Every Ray pod
+group on a GPU spot pool, of as many pods as hold ``scaling.num_workers`` Ray Train workers (fixed size: DDP/FSDP
+need them all), each pod running one worker per GPU (``worker_size.workers_per_pod``); each pod's Ray resources
+equal its container's, so Ray never hands out a GPU the pod does not have. Every Ray pod
 gets a local scratch ``emptyDir`` at ``LOCAL_DIR`` (``SPOTRAY_LOCAL_DIR``) for Hugging Face Trainer output dirs and
 downloaded checkpoints. Every Ray pod learns its node's name from the downward API (``SPOTRAY_NODE_NAME``); the
 head runs as its own service account, which may get nodes (``cluster/rbac.py``), so the driver can price them."""
@@ -25,7 +26,7 @@ from cluster.pod_security import (
     writable_mounts,
     writable_volumes,
 )
-from cluster.worker_size import pod_resources, worker_resources
+from cluster.worker_size import pod_resources, worker_pods, worker_resources
 from infra.kernel.config import StackConfig, TrainingJobConfig
 from infra.kernel.names import (
     APP,
@@ -175,7 +176,7 @@ def rayjob(cfg: TrainConfig, settings: JobSettings) -> dict:
                 "authOptions": {"mode": "token"},
                 "enableInTreeAutoscaling": False,
                 "headGroupSpec": _head(name, settings, env),
-                "workerGroupSpecs": [_workers(name, cfg.scaling.num_workers, cfg.snapshot, settings, env)],
+                "workerGroupSpecs": [_workers(name, worker_pods(cfg, settings.job), cfg.snapshot, settings, env)],
             },
         },
     }

@@ -1,4 +1,5 @@
-"""One training worker's size: its pod's requests and limits, and whether a node of its GPU pool holds it."""
+"""One training worker pod's size: its requests and limits, how many Ray Train workers it runs, and whether a node of
+its GPU pool holds it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import NoReturn
 from infra.kernel.config import TrainingJobConfig
 from infra.kernel.instances import INSTANCE_SHAPES, InstanceShape
 from infra.kernel.settings import key_of
-from spotray.config import SnapshotSection
+from spotray.config import SnapshotSection, TrainConfig
 from spotray.errors import ConfigError
 
 
@@ -29,6 +30,40 @@ def snapshot_gib(snapshot: SnapshotSection | None) -> int:
     if snapshot is None or not snapshot.enabled or snapshot.max_bytes is None:
         return 0
     return math.ceil(snapshot.max_bytes / (1 << 30))
+
+
+def workers_per_pod(cfg: TrainConfig, job: TrainingJobConfig) -> int:
+    """The Ray Train workers one worker pod runs: its GPUs over each worker's, as ``torchrun --nproc-per-node`` would
+    on a multi-GPU instance (one process drives one GPU); one where the workers take no GPU."""
+    gpus = cfg.scaling.worker_resources.get("GPU", 0)
+    return max(1, int(job.gpus_per_worker // gpus)) if gpus else 1
+
+
+def worker_pods(cfg: TrainConfig, job: TrainingJobConfig, workers: int | None = None) -> int:
+    """The worker pods that hold ``workers`` (default ``scaling.num_workers``)."""
+    return math.ceil((workers or cfg.scaling.num_workers) / workers_per_pod(cfg, job))
+
+
+def check_pod_filled(cfg: TrainConfig, job: TrainingJobConfig) -> None:
+    """Every GPU of every worker pod drives a worker: a GPU no worker takes is paid for and idle."""
+    asked, held = cfg.scaling.worker_resources.get("GPU", 0), job.gpus_per_worker
+    key = f"spotray:training.{key_of(TrainingJobConfig, 'gpus_per_worker')}"
+    if asked and (asked > held or held % asked):
+        raise ConfigError("scaling.resources_per_worker.GPU", f"each worker asks {asked:g} GPU(s), which do not "
+                          f"divide a worker pod's {held} ({key})", "ask 1 GPU per worker (one process per GPU), or "
+                          "give the pods a multiple of what a worker asks")
+    per_pod = workers_per_pod(cfg, job)
+    for name, count in (("scaling.num_workers", cfg.scaling.num_workers), ("scaling.min_workers",
+                                                                           cfg.scaling.min_workers or per_pod)):
+        if count % per_pod:
+            raise ConfigError(name, f"{count} workers do not fill worker pods of {held} GPUs ({per_pod} workers "
+                              f"each, {key}): {per_pod - count % per_pod} GPU(s) of the last would be paid and idle",
+                              f"use a multiple of {per_pod}, or pods of fewer GPUs")
+    cpus = cfg.scaling.worker_resources.get("CPU", 0) * per_pod
+    if cpus > job.cpus_per_worker:
+        raise ConfigError("scaling.resources_per_worker.CPU", f"{per_pod} workers of a pod ask {cpus:g} CPUs, more "
+                          f"than its {job.cpus_per_worker} (spotray:training.cpusPerWorker): Ray would never place "
+                          "them", "ask fewer, or raise the pods' CPUs")
 
 
 def check_worker_fits(job: TrainingJobConfig, pool: str, types: tuple[str, ...], snapshot: int) -> None:

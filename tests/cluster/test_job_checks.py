@@ -52,12 +52,13 @@ def test_the_stacks_buckets_an_absolute_path_in_the_image_a_model_in_any_bucket_
     assert len(list(yaml.safe_load_all(submit(cfg, stack(project), image="r.example.com/t:9", dry_run=True)))) == 2
 
 
-def test_a_worker_wider_than_its_pools_gpu_limit_is_told_the_limit_it_needs(project):
+def test_a_pod_wider_than_its_pools_gpu_limit_is_told_the_limit_it_needs(project):
     settings = JobSettings(image="r.example.com/t:9", gpu_pool="h100-spot", pool_gpu_limit=4,
                            job=TrainingJobConfig(gpus_per_worker=8))
-    with pytest.raises(ConfigError, match=r"2 workers of 8 GPU\(s\) need 16 GPUs, over pool h100-spot's gpuLimit 4"
-                                          r".*\. raise the pool's gpuLimit to 16$"):
-        check_for_cluster(load(str(project / "run.yaml")), settings)
+    with pytest.raises(ConfigError, match=r"16 workers \(8 to a pod of 8 GPUs\) need 16 GPUs, over pool h100-spot's "
+                                          r"gpuLimit 4.*\. raise the pool's gpuLimit to 16$"):
+        check_for_cluster(load(str(project / "run.yaml"), ["scaling.num_workers=16",
+                                                           "train.global_batch_size=16"]), settings)
 
 
 @pytest.mark.parametrize(("job", "overrides", "says"), [
@@ -83,3 +84,26 @@ def test_a_worker_no_node_of_its_pool_holds_names_the_setting_and_the_largest_th
     with pytest.raises(ConfigError, match=f"^config {says}"):
         check_for_cluster(load(str(project / "run.yaml"), overrides), settings)
     check_for_cluster(load(str(project / "run.yaml")), replace(settings, job=TrainingJobConfig()))
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["scaling.num_workers=12"], "'scaling.num_workers': 12 workers do not fill worker pods of 8 GPUs (8 workers each, "
+                                 "spotray:training.gpusPerWorker): 4 GPU(s) of the last would be paid and idle. use a "
+                                 "multiple of 8"),
+    (["scaling.min_workers=4"], "'scaling.min_workers': 4 workers do not fill worker pods of 8 GPUs"),
+    (["scaling.resources_per_worker={GPU: 3}"], "'scaling.resources_per_worker.GPU': each worker asks 3 GPU(s), which "
+                                                "do not divide a worker pod's 8"),
+    (["scaling.resources_per_worker={GPU: 1, CPU: 16}"], "'scaling.resources_per_worker.CPU': 8 workers of a pod ask "
+                                                         "128 CPUs, more than its 96"),
+])
+def test_workers_that_leave_a_pods_gpus_idle_or_cannot_share_it_are_one_line(project, overrides, says):
+    """Pods of 8 GPUs run 8 workers each: a worker count, or a worker size, that leaves GPUs of a pod without a
+    worker pays for them idle; workers asking more CPUs than the pod has are never placed."""
+    settings = JobSettings(image="r.example.com/t:9", gpu_pool="h100-spot", pool_instance_types=("p5.48xlarge",),
+                           job=TrainingJobConfig(gpus_per_worker=8, cpus_per_worker=96, memory_gib_per_worker=1024))
+    run = ["scaling.num_workers=16", "train.global_batch_size=720720", *overrides]  # every size from 4 to 16 divides
+    with pytest.raises(ConfigError) as raised:
+        check_for_cluster(load(str(project / "run.yaml"), run), settings)
+    assert says in str(raised.value), raised.value
+    check_for_cluster(load(str(project / "run.yaml"), ["scaling.num_workers=16", "scaling.min_workers=8",
+                                                       "train.global_batch_size=720720"]), settings)

@@ -75,6 +75,16 @@ def test_each_workers_ray_resources_equal_its_containers(gpus, cpus, memory):
     assert int(group["rayStartParams"]["memory"]) == memory << 30 and container["limits"]["memory"] == f"{memory}Gi"
 
 
+def test_a_multi_gpu_pod_runs_a_worker_per_gpu_so_that_no_gpu_is_paid_for_idle():
+    """As torchrun's --nproc-per-node on a p5.48xlarge: before, 16 workers of one GPU each asked 16 pods of 8 GPUs,
+    128 GPUs for 16 workers (Ray packed them into 2 pods and left 14 idle)."""
+    settings = JobSettings(image="i", gpu_pool="p", job=TrainingJobConfig(gpus_per_worker=8, cpus_per_worker=96,
+                                                                          memory_gib_per_worker=1024))
+    group = workers(rayjob(train_config("env.forward=[]", "scaling.num_workers=16", "train.global_batch_size=16"),
+                           settings))
+    assert (group["replicas"], group["rayStartParams"]["num-gpus"]) == (2, "8")
+
+
 def test_a_workers_pod_memory_includes_its_snapshots_but_rays_memory_resource_does_not():
     group = workers(rayjob(train_config("snapshot.every_steps=auto", "snapshot.max_gb_per_node=10"), SETTINGS))
     container = group["template"]["spec"]["containers"][0]["resources"]
