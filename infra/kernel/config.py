@@ -180,8 +180,9 @@ class GpuPoolConfig(Section):
                      f"use some of {', '.join(GPU_FAMILIES)}")
         sizes = family_sizes(self.families)
         unknown = [s for s in self.sizes if s not in sizes]
-        self.require(not unknown, "sizes", f"{unknown} are not sizes of {', '.join(self.families)}: Karpenter "
-                     "would launch none of them", f"use some of {', '.join(sizes)}")
+        self.require(not unknown, "sizes", f"names {', '.join(unknown)}, which no family of "
+                     f"{', '.join(self.families)} comes in: Karpenter would launch no such node",
+                     f"use some of {', '.join(sizes)}")
         self.require(self.gpu_limit >= 1, "gpu_limit", f"is {self.gpu_limit}", "use at least 1")
         self.require(self.warm_spares >= 0, "warm_spares", f"is {self.warm_spares}",
                      "use 0 (no spares) or the number of idle nodes to keep ready")

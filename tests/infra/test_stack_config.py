@@ -102,7 +102,8 @@ def test_subnets_are_carved_from_the_vpc_one_private_and_one_public_per_zone():
     ({"gpuPools": [{"name": "a", "families": ["g5"], "interruptionsPerHour": 0}]}, "gpuPools[0].interruptionsPerHour",
      "leave it out"),
     ({"gpuPools": [{"name": "a", "families": ["p5"], "sizes": ["48xlarge", "12xlarge"]}]}, "gpuPools[0].sizes",
-     "['12xlarge'] are not sizes of p5: Karpenter would launch none of them. use some of 4xlarge, 48xlarge"),
+     "names 12xlarge, which no family of p5 comes in: Karpenter would launch no such node. use some of 4xlarge, "
+     "48xlarge"),
 ])
 def test_bad_config_names_the_key_and_the_fix(overrides, key, fix):
     with pytest.raises(ConfigError) as err:
