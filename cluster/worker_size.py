@@ -59,6 +59,11 @@ def check_pod_filled(cfg: TrainConfig, job: TrainingJobConfig) -> None:
             raise ConfigError(name, f"{count} workers do not fill worker pods of {held} GPUs ({per_pod} workers "
                               f"each, {key}): {per_pod - count % per_pod} GPU(s) of the last would be paid and idle",
                               f"use a multiple of {per_pod}, or pods of fewer GPUs")
+    if cfg.scaling.min_workers and cfg.scaling.workers_per_node != per_pod:
+        raise ConfigError("scaling.workers_per_node", f"is {cfg.scaling.workers_per_node}, but the job's pods run "
+                          f"{per_pod} workers each ({key}), and a lost pod takes them all",
+                          f"set scaling.workers_per_node: {per_pod}, so that the global batch is checked against the "
+                          "sizes the run can shrink to")
     cpus = cfg.scaling.worker_resources.get("CPU", 0) * per_pod
     if cpus > job.cpus_per_worker:
         raise ConfigError("scaling.resources_per_worker.CPU", f"{per_pod} workers of a pod ask {cpus:g} CPUs, more "

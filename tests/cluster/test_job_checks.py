@@ -95,6 +95,9 @@ def test_a_worker_no_node_of_its_pool_holds_names_the_setting_and_the_largest_th
                                                 "do not divide a worker pod's 8"),
     (["scaling.resources_per_worker={GPU: 1, CPU: 16}"], "'scaling.resources_per_worker.CPU': 8 workers of a pod ask "
                                                          "128 CPUs, more than its 96"),
+    (["scaling.min_workers=8"], "'scaling.workers_per_node': is 1, but the job's pods run 8 workers each (spotray:"
+                                "training.gpusPerWorker), and a lost pod takes them all. set scaling.workers_per_node: "
+                                "8"),
 ])
 def test_workers_that_leave_a_pods_gpus_idle_or_cannot_share_it_are_one_line(project, overrides, says):
     """Pods of 8 GPUs run 8 workers each: a worker count, or a worker size, that leaves GPUs of a pod without a
@@ -106,4 +109,5 @@ def test_workers_that_leave_a_pods_gpus_idle_or_cannot_share_it_are_one_line(pro
         check_for_cluster(load(str(project / "run.yaml"), run), settings)
     assert says in str(raised.value), raised.value
     check_for_cluster(load(str(project / "run.yaml"), ["scaling.num_workers=16", "scaling.min_workers=8",
-                                                       "train.global_batch_size=720720"]), settings)
+                                                       "scaling.workers_per_node=8", "train.global_batch_size=48"]),
+                      settings)

@@ -127,6 +127,18 @@ def leaf_keys(section: type, prefix: str = "") -> list[str]:
     return keys
 
 
+def test_a_run_on_multi_gpu_nodes_checks_its_batch_against_whole_nodes_only():
+    """Nodes of 8 workers: losing one takes 8, so 8 and 16 are the sizes a run of 16 shrinks to, not 9 to 15 (whose
+    common multiple, 720720, no batch would be)."""
+    shrinking = ["scaling.num_workers=16", "scaling.min_workers=8", "train.global_batch_size=48"]
+    assert load(*shrinking, "scaling.workers_per_node=8").scaling.fewest_workers == 8
+    with pytest.raises(ConfigError, match=r"48 is not divisible by 9 workers"):
+        load(*shrinking)
+    with pytest.raises(ConfigError, match=r"'scaling.num_workers': 12 is not a number of whole nodes of "
+                                          r"scaling.workers_per_node=8\. use a multiple of 8"):
+        load("scaling.num_workers=12", "scaling.workers_per_node=8", "train.global_batch_size=48")
+
+
 def test_the_config_page_names_every_key():
     """The README sends users to docs/config.md for every key; a section named there (``tracking.mlflow``) covers
     its keys, which its own page describes."""

@@ -156,6 +156,7 @@ class ScalingSection:
     resources_per_worker: dict = field(default_factory=dict)
     min_workers: int | None = None
     grow_after_s: float = 30.0
+    workers_per_node: int = 1  # a node runs this many (a RayJob's pod, one per GPU): the run shrinks by whole nodes
 
     def __post_init__(self):
         _require(self.num_workers > 0, "scaling.num_workers", f"must be positive, got {self.num_workers}")
@@ -163,6 +164,12 @@ class ScalingSection:
             self.min_workers, bool) and 1 <= self.min_workers <= self.num_workers, "scaling.min_workers",
             f"must be a count from 1 to scaling.num_workers={self.num_workers}, got {self.min_workers!r}",
             "leave it unset to wait for a lost node instead of going on with fewer workers")
+        _require(self.workers_per_node >= 1, "scaling.workers_per_node", f"must be at least 1, got "
+                 f"{self.workers_per_node}", "give the workers one node runs (its GPUs), or leave it at 1")
+        for key, count in (("scaling.num_workers", self.num_workers), ("scaling.min_workers", self.min_workers)):
+            _require(count is None or count % self.workers_per_node == 0, key, f"{count} is not a number of whole "
+                     f"nodes of scaling.workers_per_node={self.workers_per_node}",
+                     f"use a multiple of {self.workers_per_node}")
         _require(self.grow_after_s >= 0, "scaling.grow_after_s", f"must be >= 0, got {self.grow_after_s}",
                  "seconds more workers must have fit before a smaller run grows, e.g. 30")
         for key, value in self.resources_per_worker.items():
@@ -493,7 +500,7 @@ class TrainConfig:
         _require(batch % workers == 0, "train.global_batch_size",
                  f"{batch} is not divisible by scaling.num_workers={workers}",
                  "pick a global batch that every world size you resume with divides (e.g. 12 for 1, 2, 3, 4 workers)")
-        sizes = range(self.scaling.fewest_workers, workers + 1)
+        sizes = range(self.scaling.fewest_workers, workers + 1, self.scaling.workers_per_node)
         odd = [size for size in sizes if batch % size]
         _require(not odd, "train.global_batch_size",
                  f"{batch} is not divisible by {odd[0] if odd else 0} workers, a size scaling.min_workers="

@@ -102,6 +102,15 @@ def test_the_workers_that_fit_count_each_alive_nodes_whole_workers_but_the_lost_
     assert workers_that_fit(scaling, excluding=()) == 4  # never above num_workers
 
 
+def test_a_run_on_multi_gpu_nodes_fits_whole_nodes_worth_of_workers(monkeypatch):
+    """The sizes its global batch was checked against: 12 GPUs free (a node and half of one) hold 8 workers."""
+    scaling = ScalingSection(num_workers=16, use_gpu=True, min_workers=8, workers_per_node=8)
+    nodes = [{"NodeID": "whole", "Alive": True, "Resources": {"GPU": 8.0}},
+             {"NodeID": "half", "Alive": True, "Resources": {"GPU": 4.0}}]
+    monkeypatch.setattr(placement.ray, "nodes", lambda: nodes)
+    assert workers_that_fit(scaling, excluding=()) == 8
+
+
 def test_the_worker_groups_placement_is_pending_without_the_resources_and_placed_with_them(ray_cluster):
     on_spot = ScalingSection(num_workers=2, resources_per_worker={"CPU": 1, "spot_gpu": 1})
     assert worker_group_placement(on_spot) is None  # no group yet

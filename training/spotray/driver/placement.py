@@ -79,9 +79,11 @@ def workers_that_fit(scaling: ScalingSection, excluding: Collection[str]) -> int
 
 
 def _fit(scaling: ScalingSection, nodes: list[dict]) -> int:
+    """Whole nodes' worth (``scaling.workers_per_node``): the sizes the global batch was checked against."""
     bundle = scaling.worker_resources
-    return min(scaling.num_workers, sum(min(int(node["Resources"].get(name, 0.0) // amount)
-                                            for name, amount in bundle.items()) for node in nodes))
+    fit = min(scaling.num_workers, sum(min(int(node["Resources"].get(name, 0.0) // amount)
+                                           for name, amount in bundle.items()) for node in nodes))
+    return fit - fit % scaling.workers_per_node
 
 
 def _alive_nodes(excluding: Collection[str] = ()) -> list[dict]:
