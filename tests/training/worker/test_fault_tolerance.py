@@ -181,6 +181,45 @@ def test_a_fit_ray_could_not_repair_starts_again_with_the_workers_that_fit_charg
     assert (endings.read(resolve(str(tmp_path)).child("repair", "attempts"), "001") or {}).get("kind") == "restarted"
 
 
+def test_a_process_group_not_set_up_is_started_again_once_and_twice_in_a_row_ends_the_run(dataset_url, tmp_path,
+                                                                                       monkeypatch):
+    """Ray Train chooses the rendezvous port before its rank 0 binds it, and another process may take it meanwhile
+    (a fresh clone's test run once failed so: EADDRINUSE); before, the run ended there."""
+    import io
+
+    import ray
+
+    taken = torch.distributed.DistNetworkError("The server socket has failed to listen on any local network "
+                                               "address. port: 36745, code: -98, name: EADDRINUSE")
+    assert launch._process_group_failed(ray.train.ControllerError(taken))
+    in_task = ray.exceptions.RayTaskError("_setup_torch_process_group", "Traceback ...", taken)
+    assert launch._process_group_failed(ray.train.ControllerError(in_task))
+    assert launch._process_group_failed(ray.train.ControllerError(in_task.as_instanceof_cause()))
+    assert not launch._process_group_failed(ray.train.ControllerError(ValueError("loss is nan")))
+    for outcomes, finishes in (([launch.GroupSetupFailed("EADDRINUSE"), None], True),
+                               ([launch.GroupSetupFailed("EADDRINUSE")] * 2, False)):
+        fits = iter(outcomes)
+
+        def fit(cfg, runtime_env, root, budget, start, fits=fits):
+            outcome = next(fits)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        monkeypatch.setattr(launch, "_fit", fit)
+        monkeypatch.setattr(launch, "_ensure_ray", lambda *_: None)
+        monkeypatch.setattr(launch, "summarize", lambda *_: {"finished": True})
+        console = io.StringIO()
+        cfg = make_config(dataset_url, str(tmp_path), f"setup-{finishes}")
+        if finishes:
+            assert launch.run(cfg, console=console) == {"finished": True}
+            assert ("spotray: the workers' process group could not be set up (EADDRINUSE): starting the workers "
+                    "again\n") in console.getvalue()
+        else:
+            with pytest.raises(TrainingFailed, match=r"could not be set up, twice in a row \(EADDRINUSE\)$"):
+                launch.run(cfg, console=console)
+
+
 def test_survivors_that_trained_to_the_end_while_ray_replaced_their_lost_workers_end_the_run(dataset_url, tmp_path,
                                                                                               monkeypatch):
     """A lone survivor may finish the run before Ray Train's controller fails to replace the workers lost beside it:

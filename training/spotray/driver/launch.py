@@ -19,6 +19,7 @@ from typing import TextIO
 
 import ray
 import ray.train
+import torch.distributed as dist
 from ray.train.torch import TorchConfig
 
 # What ray.train and ray.train.torch serve under Train V2, named where the checker can see them.
@@ -76,6 +77,11 @@ class Start:
 
 class ReplacementFailed(Exception):  # noqa: N818 - an outcome the driver goes on from
     """Ray Train's controller failed replacing a lost worker of the survivors' run; its cause, in one line."""
+
+
+class GroupSetupFailed(Exception):  # noqa: N818 - an outcome the driver goes on from, once
+    """The workers' process group could not be set up (its rendezvous port taken meanwhile, its master not reached);
+    its cause, in one line."""
 
 
 def ray_train_fn(config: dict) -> None:
@@ -305,10 +311,18 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
     attempts = root.child("attempts")
     budget = FailureBudget(attempts.url, cfg.storage.options(), cfg.fault_tolerance, cfg.run.name, time.time())
     whole = Start(cfg.scaling.num_workers)
-    start = whole
+    start, setup_failed = whole, False
     while True:
         try:
             ended = _fit_through_storage_outages(cfg, workers_cfg, runtime_env, root, console, budget, start)
+        except GroupSetupFailed as exc:  # a port taken between Ray choosing it and binding it: not the run's fault
+            if setup_failed:
+                raise TrainingFailed(f"training run '{cfg.run.name}' failed: the workers' process group could not "
+                                     f"be set up, twice in a row ({exc})") from exc
+            setup_failed = True
+            (console or sys.stderr).write(f"spotray: the workers' process group could not be set up ({exc}): "
+                                          "starting the workers again\n")
+            continue
         except ReplacementFailed as exc:
             if (newest := _newest_attempt(attempts)) and ledger.attempt_finished(attempts, newest):
                 return  # the survivors trained to the end while Ray Train was still replacing their lost workers
@@ -321,6 +335,7 @@ def _fit_until_done(cfg: TrainConfig, workers_cfg: TrainConfig, runtime_env: dic
             (console or sys.stderr).write(f"spotray: Ray Train failed replacing a lost worker ({exc}): starting the "
                                           f"workers again from the run's newest state, {_of(start, whole)}\n")
             continue
+        setup_failed = False
         if ended is None:
             return
         if ended == MOVED and (why := preemptions_spent(cfg.fault_tolerance, cfg.run.name,
@@ -509,6 +524,8 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
         if not (ender and ender.ended):
             raise
     except ray.train.ControllerError as exc:
+        if _process_group_failed(exc):
+            raise GroupSetupFailed(root_cause(exc.controller_failure).strip()[:200]) from exc
         # Ray Train replaces a lost survivor's worker alone, and fails where it calls another worker of the group that
         # was lost too (two nodes lost at once): the run goes on from its newest state in a new fit.
         if keeper is None or not isinstance(exc.controller_failure, ray.exceptions.RayActorError):
@@ -518,6 +535,17 @@ def _fit(cfg: TrainConfig, runtime_env: dict | None, root: Location, budget: Fai
     last = ledger.read_attempts(attempts)[-1:]
     status = (goodput.read_status(attempts, last[0].attempt_id) or {}) if last else {}
     return MOVED if status.get("moved_at") else GROWN if status.get("grew") else None
+
+
+def _process_group_failed(failure: BaseException | None) -> bool:
+    """Whether Ray Train's controller stopped (``ControllerError``) because the workers' process group was not set
+    up: the error of Ray's setup task, or what it holds (``cause``), is the rendezvous's own."""
+    while failure is not None:
+        if isinstance(failure, dist.DistNetworkError):
+            return True
+        failure = (getattr(failure, "controller_failure", None) or getattr(failure, "cause", None)
+                   or failure.__cause__)
+    return False
 
 
 @contextlib.contextmanager
