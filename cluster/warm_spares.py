@@ -9,7 +9,7 @@ from __future__ import annotations
 import pulumi
 
 from cluster.pod_security import container_context, pod_context
-from cluster.worker_size import worker_resources
+from cluster.worker_size import check_worker_fits, snapshot_gib, worker_resources
 from infra.kernel.config import GpuPoolConfig, TrainingJobConfig
 from infra.kernel.names import (
     APP,
@@ -41,7 +41,10 @@ def priority_classes() -> list[dict]:
 
 
 def warm_spares(pool: GpuPoolConfig, job: TrainingJobConfig, image: str, namespace: str) -> dict:
-    """The Deployment of ``pool.warm_spares`` placeholders, each holding one worker's resources on one node."""
+    """The Deployment of ``pool.warm_spares`` placeholders, each holding one worker's resources on one node (a node
+    of the pool must hold them, or they would keep no node warm)."""
+    snapshot = job.run.snapshot if job.run else None
+    check_worker_fits(job, pool.name, pool.instance_types, snapshot_gib(snapshot), "its workers and warm spares")
     labels = {APP_LABEL: APP, COMPONENT_LABEL: WARM_SPARE_COMPONENT, POOL_LABEL: pool.name}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -66,7 +69,7 @@ def warm_spares(pool: GpuPoolConfig, job: TrainingJobConfig, image: str, namespa
                                       "limits": {"cpu": "100m", "memory": "64Mi"}},
                     }],
                     "containers": [{"name": "placeholder", "image": PAUSE_IMAGE, "securityContext": container_context(),
-                                    "resources": worker_resources(job, job.run.snapshot if job.run else None)}],
+                                    "resources": worker_resources(job, snapshot)}],
                 },
             },
         },

@@ -71,9 +71,11 @@ def check_pod_filled(cfg: TrainConfig, job: TrainingJobConfig) -> None:
                           "them", "ask fewer, or raise the pods' CPUs")
 
 
-def check_worker_fits(job: TrainingJobConfig, pool: str, types: tuple[str, ...], snapshot: int) -> None:
+def check_worker_fits(job: TrainingJobConfig, pool: str, types: tuple[str, ...], snapshot: int,
+                      waiting: str = "its workers") -> None:
     """One worker pod (``snapshot``: the GiB it adds for snapshots) must fit on a node the pool launches, beside what
-    the node keeps (``NODE_KEEPS_*``); otherwise the line names the first of GPUs, CPUs and memory no node meets."""
+    the node keeps (``NODE_KEEPS_*``); otherwise the line names the first of GPUs, CPUs and memory no node meets, and
+    what would be ``waiting`` for it."""
     memory = job.memory_gib_per_worker + snapshot
     if any(_holds(INSTANCE_SHAPES[name], job, memory) for name in types):
         return
@@ -84,18 +86,19 @@ def check_worker_fits(job: TrainingJobConfig, pool: str, types: tuple[str, ...],
     shapes = {name: INSTANCE_SHAPES[name] for name in types}
     widest = max(shapes, key=lambda name: shapes[name].gpus)
     if shapes[widest].gpus < job.gpus_per_worker:
-        _refuse("gpus_per_worker", f"is {job.gpus_per_worker}, but pool {pool}'s nodes have at most "
+        _refuse("gpus_per_worker", waiting, f"is {job.gpus_per_worker}, but pool {pool}'s nodes have at most "
                 f"{shapes[widest].gpus} GPU(s)", f"use at most {shapes[widest].gpus}, or {instead}")
     shapes = {name: shape for name, shape in shapes.items() if shape.gpus >= job.gpus_per_worker}
     roomiest = max(shapes, key=lambda name: shapes[name].pod_cpus)
     if shapes[roomiest].pod_cpus < job.cpus_per_worker:
-        _refuse("cpus_per_worker", f"is {job.cpus_per_worker}, but pool {pool}'s nodes of {job.gpus_per_worker} "
-                f"GPU(s) leave a pod at most {shapes[roomiest].pod_cpus} ({roomiest}: {shapes[roomiest].vcpus} vCPUs, "
-                "one kept by the node)", f"use at most {shapes[roomiest].pod_cpus}, or {instead}")
+        _refuse("cpus_per_worker", waiting, f"is {job.cpus_per_worker}, but pool {pool}'s nodes of "
+                f"{job.gpus_per_worker} GPU(s) leave a pod at most {shapes[roomiest].pod_cpus} ({roomiest}: "
+                f"{shapes[roomiest].vcpus} vCPUs, one kept by the node)",
+                f"use at most {shapes[roomiest].pod_cpus}, or {instead}")
     shapes = {name: shape for name, shape in shapes.items() if shape.pod_cpus >= job.cpus_per_worker}
     roomiest = max(shapes, key=lambda name: shapes[name].pod_memory_gib)
     room = shapes[roomiest].pod_memory_gib
-    _refuse("memory_gib_per_worker", f"is {job.memory_gib_per_worker}"
+    _refuse("memory_gib_per_worker", waiting, f"is {job.memory_gib_per_worker}"
             + (f" + {snapshot} for snapshot.max_gb_per_node" if snapshot else "") + f", but pool {pool}'s nodes of "
             f"{job.gpus_per_worker} GPU(s) and {job.cpus_per_worker} CPUs leave a pod at most {room} GiB "
             f"({roomiest}: {shapes[roomiest].memory_gib} GiB, a tenth kept by the node)",
@@ -108,6 +111,6 @@ def _holds(shape: InstanceShape, job: TrainingJobConfig, memory_gib: int) -> boo
             and shape.pod_memory_gib >= memory_gib)
 
 
-def _refuse(field: str, problem: str, fix: str) -> NoReturn:
+def _refuse(field: str, waiting: str, problem: str, fix: str) -> NoReturn:
     raise ConfigError(f"spotray:training.{key_of(TrainingJobConfig, field)}",
-                      f"{problem}: its workers would wait for a node the pool never launches", fix)
+                      f"{problem}: {waiting} would wait for a node the pool never launches", fix)

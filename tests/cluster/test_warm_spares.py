@@ -7,6 +7,7 @@ from cluster.warm_spares import TRAINING_PRIORITY, WARM_SPARE_PRIORITY
 from infra.kernel.names import GPU_TOLERATION, POOL_LABEL, TRAINING_PRIORITY_CLASS, WARM_SPARE_PRIORITY_CLASS
 from infra.plan import plan
 from infra.render import render
+from spotray.errors import ConfigError
 from tests.cluster.stacks import IMAGE, stack
 from tests.cluster.test_render import check_valid
 
@@ -61,3 +62,18 @@ def test_the_rendered_spares_and_priorities_are_valid_kubernetes_objects(planned
     assert kinds[f"objects/_cluster/priorityclass-{WARM_SPARE_PRIORITY_CLASS}.yaml"] == "PriorityClass"
     for obj in rendered.objects.values():
         check_valid(obj, cfg.kubernetes.version)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_spares_no_node_of_their_pool_holds_are_one_line_naming_the_setting(project, training):
+    """A spare holds one worker pod: on a pool whose largest node cannot, it would wait forever, keeping no node warm,
+    whether or not the stack runs a training job (and whatever pool the job runs on)."""
+    pools = [{"name": "a10g-spot", "families": ["g5"], "sizes": ["12xlarge"], "gpuLimit": 8},
+             {"name": "small-spot", "families": ["g5"], "sizes": ["xlarge", "2xlarge"], "warmSpares": 1}]
+    cfg = stack(project, gpu_pools=pools, gpusPerWorker=2, cpusPerWorker=8, memoryGiBPerWorker=32,
+                enabled=training)
+    with pytest.raises(ConfigError, match=r"^config 'spotray:training.gpusPerWorker': is 2, but pool small-spot's "
+                                          r"nodes have at most 1 GPU\(s\): its workers and warm spares would wait"):
+        plan(cfg)
+    plan(stack(project, gpu_pools=[pools[0], {**pools[1], "warmSpares": 0}], gpusPerWorker=2, cpusPerWorker=8,
+               memoryGiBPerWorker=32, enabled=training))
