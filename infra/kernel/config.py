@@ -23,7 +23,7 @@ from infra.kernel.instances import GPU_FAMILIES, family_sizes, launchable
 from infra.kernel.names import GITHUB_OIDC_HOST, MONITORING_NAMESPACE, datasets_bucket
 from infra.kernel.settings import NAMESPACE, STACK_TAG, Section, key_of, mapping, read, setting
 from infra.kernel.versions import MINIO_IMAGES, Image
-from spotray.errors import ConfigError, SpotrayError, key_text
+from spotray.errors import ConfigError, SpotrayError, key_text, yaml_error_text
 
 ENVIRONMENTS = ("dev", "staging", "prod")
 PLATFORMS = ("aws", "existing")
@@ -561,7 +561,7 @@ def _stack_values(stack_file: Path) -> dict:
     try:
         document = yaml.safe_load(stack_file.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{stack_file.name} is not valid YAML ({type(exc).__name__})",
+        raise ConfigError("config", f"{stack_file.name} is not valid YAML {yaml_error_text(exc)}",
                           "fix the file, or rewrite it with `pulumi config set`") from None
     raw = document.get("config") if isinstance(document, dict) else document
     if not isinstance(document, dict) or not isinstance(raw or {}, dict):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any, ClassVar, NoReturn
 
-from spotray.errors import ConfigError, key_text
+from spotray.errors import ConfigError, closest, key_text
 
 NAMESPACE = "spotray"  # every setting sits under ``spotray:`` in Pulumi.<stack>.yaml
 STACK_TAG = f"{NAMESPACE}:stack"  # on every AWS resource of a stack: its name
@@ -75,7 +75,8 @@ def read(cls: type, raw: Any, path: str, defaults: dict[type, dict[str, Any]], *
         raise ConfigError(_join(path, retired[0]), "is no longer a setting", replacements[retired[0]])
     unknown = sorted(set(raw) - set(settings), key=str)
     if unknown:
-        raise ConfigError(_join(path, unknown[0]), "is not a setting here", f"use only {', '.join(sorted(settings))}")
+        raise ConfigError(_join(path, unknown[0]), "is not a setting here",
+                          f"{closest(unknown[0], settings)}use only {', '.join(sorted(settings))}")
     hints = typing.get_type_hints(cls)
     kwargs = dict(context)
     for key, f in settings.items():

@@ -209,7 +209,12 @@ def test_a_missing_stack_file_lists_the_stacks(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("- spotray:environment: dev\n", "config': Pulumi.x.yaml must hold a mapping `config:` of keys, got list"),
     ("config: [1]\n", "config': Pulumi.x.yaml must hold a mapping `config:` of keys, got list"),
-    ("config: [\n", "config': Pulumi.x.yaml is not valid YAML"),
+    ("config: [\n", "config': Pulumi.x.yaml is not valid YAML at line 2, column 1: expected the node content, but "
+                    "found '<stream end>' (while parsing a flow node begun on line 2)"),
+    ("config:\n  spotray:enviroment: dev\n", "config 'spotray:enviroment': is not a setting here. did "
+                                              "you mean environment? use only corePool, environment,"),
+    ("config:\n  spotray:network: {vpcCidrs: 10.0.0.0/16}\n", "config 'spotray:network.vpcCidrs': is not a setting "
+                                                             "here. did you mean vpcCidr? use only"),
     ("config:\n  1: 2\n", "config '1': a stack config key is a namespace:name string"),
     ("config:\n  spotray:tags: {1: a, b: c, \"\\n\": d}\n  spotray:bogus: 1\n",
      "config 'spotray:bogus': is not a setting"),

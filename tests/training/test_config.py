@@ -87,6 +87,33 @@ def test_an_unknown_key_is_named_on_one_line_however_it_is_spelled(raw, named):
     assert raised.value.field == named and "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("raw, says", [
+    ({"trian": {}}, "config 'trian': unknown key. did you mean train? valid keys here: audit_dir, checkpoint"),
+    ({"train": {"max_step": 5}}, "config 'train.max_step': unknown key. did you mean max_steps? valid keys here:"),
+    ({"snapshot": {"every_step": 5}}, "did you mean every_steps?"),
+    ({"xyzzy": 1}, "config 'xyzzy': unknown key. valid keys here: audit_dir"),
+])
+def test_a_misspelt_key_is_told_the_key_it_is_closest_to(raw, says):
+    with pytest.raises(ConfigError) as raised:
+        config.from_dict(raw)
+    assert says in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("text, says", [
+    ("train: [1\n", "line 2, column 1: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence "
+                    "begun on line 1)"),
+    ("train:\n  max_steps: 1\n lr: 2\n", "line 3, column 2: expected <block end>, but found "),
+    ("train:\n\tmax_steps: 1\n", "line 2, column 1: found character '\\t' that cannot start any token"),
+])
+def test_a_config_file_that_is_not_yaml_is_told_where_and_why_in_one_line(tmp_path, text, says):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        config.load(str(path))
+    assert f"config '--config': {path} is not valid YAML at {says}" in str(raised.value), raised.value
+    assert "\n" not in str(raised.value)
+
+
 @pytest.mark.parametrize("pair, says", [
     ("scaling.num_workers=two", "config 'scaling.num_workers': expected a whole number, got 'two'"),
     ("scaling.use_gpu=3", "config 'scaling.use_gpu': expected true or false, got 3"),

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from spotray.errors import ConfigError, key_text
+from spotray.errors import ConfigError, closest, key_text, yaml_error_text
 from spotray.storage import StorageOptions
 
 AUTO = "auto"  # an interval spotray chooses (checkpoint.every_steps, fault_tolerance.preemption_check_every_steps)
@@ -544,8 +544,9 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     for key, value in raw.items():
         name = _YAML_ALIASES.get(key, key)
         if name not in fields:
-            valid = ", ".join(sorted(_reverse_alias(n) for n in fields))
-            raise ConfigError(f"{prefix}{key_text(key)}", "unknown key", f"valid keys here: {valid}")
+            named = sorted(_reverse_alias(n) for n in fields)
+            raise ConfigError(f"{prefix}{key_text(key)}", "unknown key",
+                              f"{closest(key, named)}valid keys here: {', '.join(named)}")
         kwargs[name] = _coerce(hints[name], value, f"{prefix}{key}")
     return cls(**kwargs)
 
@@ -643,7 +644,7 @@ def load(path: str | None, overrides: list[str] | None = None, base: dict | None
         try:
             loaded = yaml.safe_load(file.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError("--config", f"{path} is not valid YAML ({exc.__class__.__name__})") from exc
+            raise ConfigError("--config", f"{path} is not valid YAML {yaml_error_text(exc)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError("--config", f"{path} must contain a mapping of config keys")
         raw = merge(raw, loaded)

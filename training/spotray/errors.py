@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class SpotrayError(Exception):
     """An error caused by the user's input (config, CLI args, data, storage contents)."""
@@ -13,6 +16,22 @@ def key_text(key: object) -> str:
     """A config key as an error line names it: as written, or quoted where it is empty, not a string, or not
     printable (an error stays one line)."""
     return key if isinstance(key, str) and key.isprintable() and key.strip() == key and key else repr(key)
+
+
+def closest(key: object, valid: Iterable[str]) -> str:
+    """``did you mean X? `` where a valid key X is spelt nearly as ``key`` (a typo), else nothing."""
+    near = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.75)
+    return f"did you mean {near[0]}? " if near else ""
+
+
+def yaml_error_text(exc: Exception) -> str:
+    """Where and why a YAML parser stopped, in one line: ``at line 2, column 1: expected ',' or ']' ...``."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return f"({type(exc).__name__})"
+    context, begun = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    within = f" ({context} begun on line {begun.line + 1})" if context and begun else ""
+    return f"at line {mark.line + 1}, column {mark.column + 1}: {problem}{within}"
 
 
 class ConfigError(SpotrayError):
