@@ -3,15 +3,19 @@ node killed with no replacement shrinks the run at once to the 2 workers left; a
 to 3 at a committed step (under DDP, and under FSDP, where every rank restores its own part at the new size); a run
 whose lost worker is never replaced still ends. A notice moves the run off its node with no step lost. Two nodes lost
 at once: the one left goes on, alone in a new fit where Ray Train fails to replace them, and grows with each node
-that joins. Every sample is trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
+that joins. Nodes of two workers each (a RayJob's multi-GPU pods) shrink and grow by whole nodes. Every sample is
+trained once; a run that shrinks is not bitwise equal to an uninterrupted one."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from spotray.accounts import goodput
+from spotray.drills.cluster import LocalCluster
 from spotray.storage import resolve
 from tests.drills.test_preemption import (
     attempts_and_last_steps,
@@ -29,6 +33,19 @@ KILLS_STEPS = 450  # room to grow back before the end, on a loaded machine
 GROW_TWICE_STEPS = 1000  # room for two node joins: 174 steps on 2 workers (9 s) once ran out before the second
 
 
+def kill_and_grow_back(cluster: LocalCluster, tmp_path, driver: subprocess.Popen, shrunk: int, whole: int) -> Path:
+    """Past a snapshot newer than the checkpoint of step 20, the newest node killed: until the run shrinks to
+    ``shrunk`` workers, then, on a node added, grows back to ``whole``. The driver's log."""
+    log = tmp_path / "driver.log"
+    wait_for_checkpoint(tmp_path, 20, driver)
+    past_the_checkpoint(tmp_path)
+    cluster.kill(cluster.nodes[-1])
+    wait_until(lambda: f"SHRUNK to {shrunk} workers" in log.read_text(), "the run shrinking", tmp_path, driver)
+    cluster.add_node()
+    wait_until(lambda: f"GREW to {whole} workers" in log.read_text(), "the run growing back", tmp_path, driver)
+    return log
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_grows_it_back(three_workers, dataset_url,
                                                                                         tmp_path, parallel):
@@ -36,13 +53,7 @@ def test_a_kill_without_a_replacement_shrinks_the_run_at_once_and_a_new_node_gro
     driver = start_training(dataset_url, tmp_path, cluster, f"parallel={parallel}", "scaling.num_workers=3",
                             "scaling.min_workers=2", "scaling.grow_after_s=3", "snapshot.every_steps=3",
                             f"train.max_steps={KILLS_STEPS}")
-    log = tmp_path / "driver.log"
-    wait_for_checkpoint(tmp_path, 20, driver)
-    past_the_checkpoint(tmp_path)
-    cluster.kill(cluster.nodes[-1])
-    wait_until(lambda: "SHRUNK to 2 workers" in log.read_text(), "the run shrinking", tmp_path, driver)
-    cluster.add_node()
-    wait_until(lambda: "GREW to 3 workers" in log.read_text(), "the run growing back", tmp_path, driver)
+    log = kill_and_grow_back(cluster, tmp_path, driver, 2, 3)
     cluster.kill(cluster.nodes[-1])  # the newcomer's, right after it joined; no node replaces it
     wait_until(lambda: log.read_text().count("SHRUNK to 2 workers") == 2, "the run shrinking again", tmp_path,
                driver)
@@ -111,3 +122,24 @@ def test_two_nodes_lost_at_once_leave_one_worker_that_trains_alone_where_ray_can
     assert grown_from == alone_last and whole_from == grown_last  # growing loses no step
     assert summary["spot_interruptions"] == 1, summary  # the two nodes' loss ended one attempt
     assert summary["cost"]["nodes_interrupted"] == 2, summary["cost"]  # and is two of the pool's, for its rate
+
+
+def test_nodes_of_two_workers_shrink_by_a_whole_node_from_its_neighbours_snapshot_copies_and_grow_back(
+        reused_clusters, dataset_url, tmp_path):
+    """A multi-GPU pod runs a worker per GPU, and losing it loses them all: under FSDP the run goes on with the other
+    node's two workers, from the lost node's parts that the ring copied onto the survivor, and grows back by a node."""
+    reused_clusters.discard()  # nodes of 2 CPUs; the next drill gets the shared cluster again
+    with LocalCluster(tmp_path / "ray-logs", cpus_per_node=2).start(workers=2) as cluster:
+        driver = start_training(dataset_url, tmp_path, cluster, "parallel=fsdp", "scaling.num_workers=4",
+                                "scaling.min_workers=2", "scaling.workers_per_node=2", "scaling.grow_after_s=3",
+                                "snapshot.every_steps=3", f"train.max_steps={KILLS_STEPS}")
+        log = kill_and_grow_back(cluster, tmp_path, driver, 2, 4)
+        summary = finish(driver, tmp_path)
+    assert summary["final_step"] == KILLS_STEPS and summary["audit"]["exactly_once"], summary["audit"]
+    attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
+    assert [(a.info.world_size, a.ending.kind) for a in attempts] == [(4, "kill"), (2, "resize"), (4, "finished")]
+    assert "FAILURE" not in log.read_text()
+    (first_last, _), (shrunk_from, shrunk_last), (grown_from, _) = attempts_and_last_steps(tmp_path)
+    assert shrunk_from % 20 != 0 and first_last - shrunk_from <= 6  # from the snapshot, the lost node's parts too
+    assert attempts[1].status_of("snapshot_restore_s") > 0 and attempts[1].status_of("restore_s") == 0
+    assert grown_from == shrunk_last
