@@ -239,6 +239,24 @@ def test_a_progress_line_read_with_a_notice_comes_before_the_notice_its_step_pre
         " step 60/100", " step 70/100", " PREEMPTION NOTICE at step 73", " MOVING ON from step 73"]
 
 
+def test_no_progress_line_of_a_step_before_a_notice_already_said_comes_after_it(tmp_path, monkeypatch):
+    """The demo printed "PREEMPTION NOTICE at step 354", "MOVING ON from step 354", then "step 350/900": the poll that
+    read the notice was within a log's 10 s of the last progress line, and the next one printed the stale step."""
+    now = [1000.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    root = resolve(str(tmp_path / "attempts"))
+    stream = io.StringIO()
+    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    at_60: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1090.0, "step": 60}
+    noticed = {**at_60, "step": 70, "notice": {"step": 73, "at": 1100.0, "committed": True}, "moved_at": 1101.0}
+    for status, seconds in ((at_60, 5), (noticed, 12), (noticed, 12), ({**noticed, "step": 80}, 12)):
+        write_attempt(root, "a", 0, status["step"], status)
+        monitor.poll()
+        now[0] += seconds
+    assert [line.split(" |")[0].split(":")[1] for line in stream.getvalue().splitlines()] == [
+        " step 60/100", " PREEMPTION NOTICE at step 73", " MOVING ON from step 73", " step 80/100"]
+
+
 def test_the_driver_reads_each_attempts_record_once(tmp_path):
     """It polls storage every few seconds for the whole run: an attempt's record, written once, is not read again."""
     root = resolve(str(tmp_path / "attempts"))

@@ -104,7 +104,7 @@ class ProgressMonitor:
         if attempts and attempts[-1].attempt_id not in self._skip:
             current = statuses[attempts[-1].attempt_id]
             if current:  # its last progress line is of a step before its notice
-                self._progress(current)
+                self._progress(current, attempts[-1].attempt_id)
                 self._notice(attempts[-1].attempt_id, current)
 
     def _status(self, attempt_id: str, ended: bool) -> dict | None:
@@ -197,9 +197,12 @@ class ProgressMonitor:
             self._last_line = ""  # the event's line took the progress line's place: draw it again
         self.stream.flush()
 
-    def _progress(self, status: dict) -> None:
+    def _progress(self, status: dict, attempt_id: str) -> None:
         if status.get("step") is None:
             return  # this attempt has not logged a step yet
+        notice = status.get("notice")
+        if notice and status["step"] < notice["step"] and (attempt_id, "notice") in self._announced:
+            return  # a step before the notice already said: the next line is of the run that goes on
         if status.get("val_loss") is not None:
             self._val_loss = status["val_loss"]
         line = progress_line({**status, "val_loss": self._val_loss}, self.tokens_per_step)
