@@ -201,12 +201,17 @@ def test_a_run_that_shrinks_and_grows_back_says_so_and_its_resize_is_no_interrup
     assert len(account.interruptions) == 1
 
 
-def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_path, monkeypatch):
+def logged_monitor(tmp_path, monkeypatch) -> tuple[Any, io.StringIO, ProgressMonitor, list[float]]:
+    """A driver's monitor writing to a log (not a terminal: every line stays), on a clock the test moves."""
     now = [1000.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     root = resolve(str(tmp_path / "attempts"))
-    stream = io.StringIO()  # not a terminal: every line stays in the log
-    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    stream = io.StringIO()
+    return root, stream, ProgressMonitor(root, tokens_per_step=1024, stream=stream), now
+
+
+def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_path, monkeypatch):
+    root, stream, monitor, now = logged_monitor(tmp_path, monkeypatch)
     at_70: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1100.0, "step": 70}
     notice = {"step": 73, "at": 1090.0, "committed": True}
     for status in (at_70, {**at_70, "notice": notice}, {**at_70, "notice": notice, "moved_at": 1096.0},
@@ -223,11 +228,7 @@ def test_a_log_gets_each_progress_line_once_whatever_events_come_between(tmp_pat
 
 def test_a_progress_line_read_with_a_notice_comes_before_the_notice_its_step_preceded(tmp_path, monkeypatch):
     """The demo printed "PREEMPTION NOTICE at step 364", "MOVING ON from step 364", then "step 360/900"."""
-    now = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
-    root = resolve(str(tmp_path / "attempts"))
-    stream = io.StringIO()
-    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    root, stream, monitor, now = logged_monitor(tmp_path, monkeypatch)
     at_60: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1090.0, "step": 60}
     write_attempt(root, "a", 0, 60, at_60)
     monitor.poll()
@@ -242,11 +243,7 @@ def test_a_progress_line_read_with_a_notice_comes_before_the_notice_its_step_pre
 def test_no_progress_line_of_a_step_before_a_notice_already_said_comes_after_it(tmp_path, monkeypatch):
     """The demo printed "PREEMPTION NOTICE at step 354", "MOVING ON from step 354", then "step 350/900": the poll that
     read the notice was within a log's 10 s of the last progress line, and the next one printed the stale step."""
-    now = [1000.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
-    root = resolve(str(tmp_path / "attempts"))
-    stream = io.StringIO()
-    monitor = ProgressMonitor(root, tokens_per_step=1024, stream=stream)
+    root, stream, monitor, now = logged_monitor(tmp_path, monkeypatch)
     at_60: dict[str, Any] = {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1090.0, "step": 60}
     noticed = {**at_60, "step": 70, "notice": {"step": 73, "at": 1100.0, "committed": True}, "moved_at": 1101.0}
     for status, seconds in ((at_60, 5), (noticed, 12), (noticed, 12), ({**noticed, "step": 80}, 12)):
