@@ -8,6 +8,11 @@ import socket
 
 import ray
 
+from spotray.errors import SpotrayError
+
+REACH_TIMEOUT_S = 10
+_ADDRESS_FIX = ("give its head's address (the GCS port, 6379 by default; ray://host:10001 for Ray Client), or unset "
+                "RAY_ADDRESS to run on a Ray of this machine")
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -44,7 +49,24 @@ def join_or_start(num_cpus: int, **kwargs) -> bool:
     if ray.is_initialized():
         return False
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(**kwargs)
+        join_cluster(**kwargs)
         return False
     start_local_ray(num_cpus, **kwargs)
     return True
+
+
+def join_cluster(**kwargs) -> None:
+    """The cluster at ``RAY_ADDRESS``, once its port answers: ``ray.init`` would retry an address where nothing
+    listens for many minutes, saying nothing on the terminal."""
+    address = os.environ["RAY_ADDRESS"]
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():  # "auto", "local": Ray's own lookups, which fail fast
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+        except OSError as exc:
+            raise SpotrayError(f"RAY_ADDRESS={address}: no Ray cluster answers there ({exc.strerror or exc}): "
+                               f"{_ADDRESS_FIX}") from None
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as exc:  # something answers there, but not a Ray head
+        raise SpotrayError(f"RAY_ADDRESS={address}: {str(exc).splitlines()[0]}: {_ADDRESS_FIX}") from None
