@@ -6,6 +6,13 @@ from spotray import ray_local
 from spotray.errors import SpotrayError
 
 
+def test_a_dashboards_address_is_one_line_naming_the_address_to_give(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` reads
+    with pytest.raises(SpotrayError, match="^RAY_ADDRESS=http://127.0.0.1:8265: a http address .* give its head's "
+                                           "address \\(the GCS port, 6379 by default"):
+        ray_local.join_or_start(1)
+
+
 @pytest.mark.parametrize("form", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
 def test_an_address_where_no_cluster_answers_is_one_line_at_once_not_minutes_of_ray_retrying(monkeypatch, form):
     address = form.format(port=ray_local.free_port())  # nothing listens there

@@ -59,7 +59,11 @@ def join_cluster(**kwargs) -> None:
     """The cluster at ``RAY_ADDRESS``, once its port answers: ``ray.init`` would retry an address where nothing
     listens for many minutes, saying nothing on the terminal."""
     address = os.environ["RAY_ADDRESS"]
-    host, _, port = address.removeprefix("ray://").rpartition(":")
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "ray"):
+        raise SpotrayError(f"RAY_ADDRESS={address}: a {scheme} address (a dashboard's, for `ray job submit`), not a "
+                           f"Ray cluster's: {_ADDRESS_FIX}")
+    host, _, port = rest.rpartition(":")
     if host and port.isdigit():  # "auto", "local": Ray's own lookups, which fail fast
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
