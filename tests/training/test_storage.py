@@ -5,7 +5,8 @@ import threading
 import pytest
 
 from spotray.drills.s3local import create_bucket, moto_server
-from spotray.errors import StorageError
+from spotray.errors import StorageError, Unreachable
+from spotray.ray_local import free_port
 from spotray.storage import StorageOptions, resolve
 
 
@@ -66,6 +67,13 @@ def test_file_url_and_plain_path_are_the_same_place(tmp_path):
 def test_missing_object_is_a_storage_error_naming_the_url(root):
     with pytest.raises(StorageError, match="nope"):
         root.child("nope").read_bytes()
+
+
+def test_a_store_that_does_not_answer_is_unreachable_naming_its_endpoint_not_the_url():
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(Unreachable, match=f"^cannot stat s3://b/run: the object store at {endpoint} does not answer "
+                                          r"\(Failed to connect to 127.0.0.1"):
+        resolve("s3://b/run", StorageOptions(endpoint_url=endpoint)).is_dir()
 
 
 @pytest.mark.parametrize("url", ["", "gs://bucket/x", "s3:///no-bucket"])

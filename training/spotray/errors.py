@@ -60,6 +60,10 @@ class StorageError(SpotrayError):
     pass
 
 
+class Unreachable(StorageError):  # noqa: N818 - a kind of StorageError, read as "storage: unreachable"
+    """The object store does not answer (its endpoint is wrong, or it is down): nothing is wrong with the URL."""
+
+
 class NotFound(StorageError):  # noqa: N818 - a kind of StorageError, read as "storage: not found"
     """The object or directory is not there (as opposed to storage that cannot be reached)."""
 

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from spotray.errors import NotFound, StorageError
+from spotray.errors import NotFound, StorageError, Unreachable
 
 UPLOAD_EVERY_S = 60.0  # how often a file kept locally for a run on S3 (its log, a tracker's files) is uploaded
 
@@ -289,7 +289,7 @@ class Location:
             return self.fs.get_file_info(self.path)
 
     def _guard(self, action: str):
-        return _StorageGuard(self.url, action)
+        return _StorageGuard(self.url, action, self.options)
 
 
 class _DurableFile(io.FileIO):
@@ -305,8 +305,8 @@ class _DurableFile(io.FileIO):
 class _StorageGuard:
     """Turns low-level I/O errors into one readable StorageError naming the URL."""
 
-    def __init__(self, url: str, action: str):
-        self.url, self.action = url, action
+    def __init__(self, url: str, action: str, options: StorageOptions | None = None):
+        self.url, self.action, self.options = url, action, options
 
     def __enter__(self):
         return self
@@ -316,6 +316,11 @@ class _StorageGuard:
             return False
         if isinstance(exc, FileNotFoundError):
             raise NotFound(f"{self.url}: not found") from exc
+        if isinstance(exc, OSError) and "NETWORK_CONNECTION" in str(exc):  # pyarrow's S3 client: no answer
+            endpoint = (self.options or StorageOptions()).resolved_endpoint()
+            why = str(exc).rpartition("Details: ")[2].strip()
+            raise Unreachable(f"cannot {self.action} {self.url}: the object store "
+                              f"{f'at {endpoint}' if endpoint else '(AWS S3)'} does not answer ({why})") from exc
         if isinstance(exc, OSError):
             raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
         return False

@@ -20,6 +20,7 @@ import torch
 from spotray.accounts import endings, goodput, ledger
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.cli import main
+from spotray.ray_local import free_port
 from spotray.reports import status
 from spotray.storage import resolve
 from tests.repo import REPO
@@ -345,6 +346,15 @@ def test_a_url_that_is_not_a_run_ends_in_one_error_line(run, tmp_path, capsys, w
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith(f"spotray: error: {url} is not a training run") and "<checkpoint.path>/<run.name>" in err
+
+
+def test_a_store_that_does_not_answer_is_told_to_check_the_endpoint_not_the_runs_url(capsys):
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["status", "s3://b/runs/r1", "--endpoint-url", endpoint]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"spotray: error: cannot stat s3://b/runs/r1/attempts: the object store at {endpoint} does "
+                          "not answer (") and len(err.splitlines()) == 1, err
+    assert err.endswith("give the store's endpoint (--endpoint-url, or AWS_ENDPOINT_URL), or start it"), err
 
 
 def test_the_command_line_exits_2_with_one_line_and_no_traceback(tmp_path):

@@ -18,7 +18,7 @@ from spotray.checkpoints.dcp import (
     list_committed,
     list_set_aside,
 )
-from spotray.errors import StorageError
+from spotray.errors import StorageError, Unreachable
 from spotray.formats import step_count
 from spotray.storage import Location, StorageOptions, resolve
 from spotray.worker import memory
@@ -55,6 +55,9 @@ def _run_root(run_url: str, options: StorageOptions | None) -> Location:
     root = resolve(run_url, options)
     try:
         is_run = ledger.attempts_root(root).is_dir() or checkpoints_root(root).is_dir()
+    except Unreachable as exc:
+        raise StorageError(f"{exc}: give the store's endpoint (--endpoint-url, or AWS_ENDPOINT_URL), or start it") \
+            from exc
     except StorageError as exc:
         raise StorageError(f"cannot read {root.url} ({_first_line(exc)}): {RUN_URL_HINT}") from exc
     if not is_run:
