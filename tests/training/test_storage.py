@@ -76,6 +76,12 @@ def test_a_store_that_does_not_answer_is_unreachable_naming_its_endpoint_not_the
         resolve("s3://b/run", StorageOptions(endpoint_url=endpoint)).is_dir()
 
 
+def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket_and_the_fix(s3_server):
+    with pytest.raises(StorageError, match=f"^cannot write s3://missing/runs/x: the object store at {s3_server} has no "
+                                           "bucket 'missing': create it, or give a URL in a bucket that exists$"):
+        resolve("s3://missing/runs/x", StorageOptions(endpoint_url=s3_server)).write_text("lost")
+
+
 @pytest.mark.parametrize("url", ["", "gs://bucket/x", "s3:///no-bucket"])
 def test_bad_urls_say_what_is_supported(url):
     with pytest.raises(StorageError):

@@ -316,11 +316,16 @@ class _StorageGuard:
             return False
         if isinstance(exc, FileNotFoundError):
             raise NotFound(f"{self.url}: not found") from exc
+        endpoint = (self.options or StorageOptions()).resolved_endpoint()
+        store = f"at {endpoint}" if endpoint else "(AWS S3)"
         if isinstance(exc, OSError) and "NETWORK_CONNECTION" in str(exc):  # pyarrow's S3 client: no answer
-            endpoint = (self.options or StorageOptions()).resolved_endpoint()
             why = str(exc).rpartition("Details: ")[2].strip()
-            raise Unreachable(f"cannot {self.action} {self.url}: the object store "
-                              f"{f'at {endpoint}' if endpoint else '(AWS S3)'} does not answer ({why})") from exc
+            raise Unreachable(f"cannot {self.action} {self.url}: the object store {store} does not answer "
+                              f"({why})") from exc
+        if isinstance(exc, OSError) and "NO_SUCH_BUCKET" in str(exc):
+            raise StorageError(f"cannot {self.action} {self.url}: the object store {store} has no bucket "
+                               f"'{urlparse(self.url).netloc}': create it, or give a URL in a bucket that exists"
+                               ) from exc
         if isinstance(exc, OSError):
             raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
         return False
