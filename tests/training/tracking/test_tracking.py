@@ -276,3 +276,42 @@ def test_a_tracker_whose_call_never_returns_holds_up_neither_training_nor_the_en
         assert "tracking.tensorboard: a call to the tracker has not returned in 0.55 s" in console.getvalue()
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(("down_before_the_end_s", "waited_s"), [(400.0, 0.0), (100.0, 200.0)])
+def test_the_end_of_a_run_waits_for_a_tracker_only_until_its_outage_reaches_the_retry_bound(
+        tmp_path, monkeypatch, down_before_the_end_s, waited_s):
+    """A tracker down since long before the end is not waited for another 300 s (a RayJob's GPU nodes would idle
+    for nothing); one that went down lately gets the rest of its bound. What it lacks is then a gap, named."""
+    from spotray.tracking import follower as follower_module
+    from spotray.tracking.tensorboard_sink import TensorboardSink
+
+    clock = [1000.0]
+
+    class Clock:
+        time = staticmethod(lambda: clock[0])
+        sleep = staticmethod(lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+
+    def down(self, rows):
+        raise OSError("the tracker is down")
+
+    monkeypatch.setattr(follower_module, "time", Clock)
+    monkeypatch.setattr(TensorboardSink, "rows", down)
+    cfg = config.load(None, ["data.path=/unused", f"checkpoint.path={tmp_path / 'runs'}", "run.name=down",
+                             "train.max_steps=40", f"train.log_every={LOG_EVERY}",
+                             f"tracking.tensorboard.dir={tmp_path / 'tb'}"])
+    root, console = run_root(cfg), io.StringIO()
+    follower = Follower(cfg, root, stream=console)
+    with follower:
+        write_attempt(ledger.attempts_root(root), "a", 0, 40, started_at=1000.0)
+        assert not follower.poll()  # the outage begins
+        clock[0] += down_before_the_end_s
+        ended_at = clock[0]
+    follower.finish(summary(40))
+    assert clock[0] - ended_at == waited_s
+    assert [(gap["tracker"], gap["first_step"], gap["last_step"]) for gap in read_gaps(root)] == [
+        ("tensorboard", 1, 40)]
+    said = console.getvalue().splitlines()
+    assert said[0].startswith("spotray: warning: tracking.tensorboard: cannot send to ")
+    assert said[1:] == (["spotray: warning: tracking.tensorboard still down as the run ends: waiting up to 200 s more "
+                         "(until its outage has lasted 300 s), then what it lacks is dropped"] if waited_s else [])

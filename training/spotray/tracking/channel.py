@@ -42,6 +42,7 @@ class Channel:
         self.retry_for_s, self.max_pending_points = retry_for_s, max_pending_points
         self.sink: Sink | None = None
         self.failing = False
+        self.failing_since: float | None = None  # when this outage began
         self._first_sent: dict[int, float] = {}  # step -> when its row was first tried, until it goes or is dropped
         self._gap: dict | None = None  # this outage's entry in state.gaps, grown while the outage lasts
 
@@ -55,11 +56,18 @@ class Channel:
             rows = snapshot.rows_after(self.cursor.logged_step, lambda step: self._first_sent.setdefault(step, now))
             self._send(snapshot, self._drop_overdue(rows, now) if self.failing else rows, params)
         except Exception as exc:  # noqa: BLE001 - whatever a tracker's client raises, training goes on
-            self._failed(exc)
+            self._failed(exc, now)
             return False
-        self.failing, self._gap = False, None
+        self.failing, self.failing_since, self._gap = False, None, None
         self._first_sent.clear()
         return True
+
+    def give_up(self, snapshot: Snapshot) -> None:
+        """The run ends while the tracker is still down: what it lacks is dropped into a gap, unsent."""
+        if self.failing:
+            rows = snapshot.rows_after(self.cursor.logged_step, lambda step: self._first_sent.get(step, 0.0))
+            if rows:
+                self._record_gap(rows)
 
     def finish(self, scalars: dict) -> None:
         """The run finished: its summary, then the tracker run closed as finished (not tried while failing)."""
@@ -97,10 +105,11 @@ class Channel:
             self.cursor.events = len(snapshot.events)
         self.sink.flush()
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, now: float) -> None:
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         log.info("%s: cannot send to %s: %s", self.key, self.where, reason)
         if not self.failing:
+            self.failing_since = now
             self.warn(f"{self.key}: cannot send to {self.where} ({reason}); training goes on, and what is unsent "
                       f"is retried for up to {self.retry_for_s:g} s, {self.max_pending_points} points at most (what "
                       "is dropped is listed in the summary's tracking_gaps)")

@@ -30,10 +30,10 @@ POLL_S = 5.0
 
 class Follower:
     """Context manager around the run's ``fit``: polls the ledger every ``poll_s`` and sends each configured
-    tracker what it lacks. On a clean exit it makes a final pass, waiting up to ``retry_for_s`` for a tracker that
-    cannot be reached, and ``finish(summary)`` follows. On an exception it makes one best-effort pass and leaves the
-    tracker runs for a rerun to continue. A tracker whose call never returns holds nothing up: the run ends after
-    the same bound, saying so."""
+    tracker what it lacks. On a clean exit it makes a final pass, waiting for a tracker that cannot be reached until
+    its outage has lasted ``retry_for_s``, and ``finish(summary)`` follows. On an exception it makes one best-effort
+    pass and leaves the tracker runs for a rerun to continue. A tracker whose call never returns holds nothing up:
+    the run ends after the same bound, saying so."""
 
     def __init__(self, cfg: TrainConfig, run_root: Location, stream=None, poll_s: float = POLL_S,
                  retry_for_s: float = RETRY_FOR_S, max_pending_points: int = MAX_PENDING_POINTS):
@@ -106,15 +106,27 @@ class Follower:
             self.poll()
 
     def _settle(self) -> None:
-        """The final pass; rows still unsent once their retry bound has passed are dropped into a gap."""
+        """The final pass, tried again while a tracker's outage is within its retry bound (one down for longer is not
+        waited for: the run's nodes would idle for nothing); what is still unsent is then dropped into a gap."""
         if self.poll(final=True):
             return
-        deadline = time.time() + self.retry_for_s
-        while True:
+        down = {channel.key: channel.failing_since for channel in self.channels if channel.failing_since is not None}
+        deadline = max(down.values(), default=time.time()) + self.retry_for_s
+        if down and deadline > time.time():
+            self._warn(f"{', '.join(down)} still down as the run ends: waiting up to {deadline - time.time():.0f} s "
+                       f"more (until its outage has lasted {self.retry_for_s:g} s), then what it lacks is dropped")
+        while time.time() < deadline:
             time.sleep(self.poll_s)
-            now = time.time()
-            if self.poll(final=True) or now > deadline:
+            if self.poll(final=True):
                 return
+        try:
+            snapshot = self.feed.snapshot(True)
+        except (SpotrayError, OSError, ValueError, KeyError) as exc:
+            log.info("tracking: cannot read the ledger to record what is unsent: %s", exc)
+            return
+        for channel in self.channels:
+            channel.give_up(snapshot)
+        self._save()
 
     def _save(self) -> None:
         text = self.state.to_json()
