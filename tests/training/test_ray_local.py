@@ -6,6 +6,12 @@ from spotray import ray_local
 from spotray.errors import SpotrayError
 
 
+@pytest.fixture(autouse=True)
+def not_connected(monkeypatch):
+    """As a command starts: the test session's own Ray may be up in this process."""
+    monkeypatch.setattr(ray_local.ray, "is_initialized", lambda: False)
+
+
 def test_a_dashboards_address_is_one_line_naming_the_address_to_give(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` reads
     with pytest.raises(SpotrayError, match="^RAY_ADDRESS=http://127.0.0.1:8265: a http address .* give its head's "
