@@ -14,6 +14,7 @@ REACH_TIMEOUT_S = 10
 _ADDRESS_FIX = ("give its head's address (the GCS port, 6379 by default; ray://host:10001 for Ray Client), or unset "
                 "RAY_ADDRESS to run on a Ray of this machine")
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ from spotray.errors import SpotrayError
 from spotray.storage import Location
 from spotray.tracking import state as tracking_state
 from spotray.tracking.channel import MAX_PENDING_POINTS, RETRY_FOR_S, Channel, Sink
-from spotray.tracking.feed import LedgerFeed, flat_params, summary_scalars
+from spotray.tracking.feed import LedgerFeed, Snapshot, flat_params, summary_scalars
 from spotray.tracking.libraries import configured
 from spotray.tracking.mlflow_sink import MlflowSink
 from spotray.tracking.state import Cursor
@@ -89,10 +89,8 @@ class Follower:
 
     def poll(self, final: bool = False) -> bool:
         """One pass over the ledger; True when every tracker holds all of it."""
-        try:
-            snapshot = self.feed.snapshot(final)
-        except (SpotrayError, OSError, ValueError, KeyError) as exc:
-            log.info("tracking: cannot read the ledger yet: %s", exc)  # a storage hiccup: the next poll catches up
+        snapshot = self._snapshot(final)
+        if snapshot is None:
             return False
         done = []
         for channel in self.channels:
@@ -119,14 +117,17 @@ class Follower:
             time.sleep(self.poll_s)
             if self.poll(final=True):
                 return
+        if (snapshot := self._snapshot(final=True)) is not None:
+            for channel in self.channels:
+                channel.give_up(snapshot)
+            self._save()
+
+    def _snapshot(self, final: bool) -> Snapshot | None:
         try:
-            snapshot = self.feed.snapshot(True)
+            return self.feed.snapshot(final)
         except (SpotrayError, OSError, ValueError, KeyError) as exc:
-            log.info("tracking: cannot read the ledger to record what is unsent: %s", exc)
-            return
-        for channel in self.channels:
-            channel.give_up(snapshot)
-        self._save()
+            log.info("tracking: cannot read the ledger yet: %s", exc)  # a storage hiccup: the next poll catches up
+            return None
 
     def _save(self) -> None:
         text = self.state.to_json()
