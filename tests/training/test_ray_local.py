@@ -14,7 +14,7 @@ def not_connected(monkeypatch):
 
 def test_a_dashboards_address_is_one_line_naming_the_address_to_give(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # what `ray job submit` reads
-    with pytest.raises(SpotrayError, match="^RAY_ADDRESS=http://127.0.0.1:8265: a http address .* give its head's "
+    with pytest.raises(SpotrayError, match="^RAY_ADDRESS=http://127.0.0.1:8265: an address of http .* give its head's "
                                            "address \\(the GCS port, 6379 by default"):
         ray_local.join_or_start(1)
 

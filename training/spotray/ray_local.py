@@ -62,8 +62,8 @@ def join_cluster(**kwargs) -> None:
     address = os.environ["RAY_ADDRESS"]
     scheme, _, rest = address.rpartition("://")
     if scheme not in ("", "ray"):
-        raise SpotrayError(f"RAY_ADDRESS={address}: a {scheme} address (a dashboard's, for `ray job submit`), not a "
-                           f"Ray cluster's: {_ADDRESS_FIX}")
+        raise SpotrayError(f"RAY_ADDRESS={address}: an address of {scheme} (a dashboard's, for `ray job submit`), "
+                           f"not a Ray cluster's: {_ADDRESS_FIX}")
     host, _, port = rest.rpartition(":")
     if host and port.isdigit():  # "auto", "local": Ray's own lookups, which fail fast
         try:
