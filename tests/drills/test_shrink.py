@@ -137,9 +137,15 @@ def test_nodes_of_two_workers_shrink_by_a_whole_node_from_its_neighbours_snapsho
         summary = finish(driver, tmp_path)
     assert summary["final_step"] == KILLS_STEPS and summary["audit"]["exactly_once"], summary["audit"]
     attempts = goodput.attempt_records(resolve(f"{tmp_path}/ckpt").child("drill", "attempts"))
-    assert [(a.info.world_size, a.ending.kind) for a in attempts] == [(4, "kill"), (2, "resize"), (4, "finished")]
+    sizes_and_endings = [(a.info.world_size, a.ending.kind) for a in attempts]
+    assert sizes_and_endings[0] == (4, "kill") and sizes_and_endings[-2:] == [(2, "resize"), (4, "finished")]
+    # Two workers lost at once: where Ray Train fails to replace them, the driver's new fit of the two that fit
+    # follows the survivors' attempt (docs/training.md), which then reads `restarted`.
+    assert set(sizes_and_endings[1:-2]) <= {(2, "restarted")}, sizes_and_endings
     assert "FAILURE" not in log.read_text()
-    (first_last, _), (shrunk_from, shrunk_last), (grown_from, _) = attempts_and_last_steps(tmp_path)
+    steps = attempts_and_last_steps(tmp_path)
+    (first_last, _), (shrunk_from, _) = steps[:2]
     assert shrunk_from % 20 != 0 and first_last - shrunk_from <= 6  # from the snapshot, the lost node's parts too
     assert attempts[1].status_of("snapshot_restore_s") > 0 and attempts[1].status_of("restore_s") == 0
-    assert grown_from == shrunk_last
+    (_, shrunk_last), (grown_from, _) = steps[-2:]
+    assert grown_from == shrunk_last  # growing loses no step
