@@ -4,10 +4,11 @@ import threading
 
 import pytest
 
+from spotray.config import StorageSection
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import StorageError, Unreachable
 from spotray.ray_local import free_port
-from spotray.storage import StorageOptions, resolve
+from spotray.storage import ENDPOINT_VARIABLES, StorageOptions, _StorageGuard, resolve
 
 
 @pytest.fixture
@@ -72,8 +73,31 @@ def test_missing_object_is_a_storage_error_naming_the_url(root):
 def test_a_store_that_does_not_answer_is_unreachable_naming_its_endpoint_not_the_url():
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(Unreachable, match=f"^cannot stat s3://b/run: the object store at {endpoint} does not answer "
-                                          r"\(Failed to connect to 127.0.0.1"):
+                                          r"\(Failed to connect to 127.0.0.1.*\): correct --endpoint-url, or start "
+                                          "the store$"):
         resolve("s3://b/run", StorageOptions(endpoint_url=endpoint)).is_dir()
+
+
+@pytest.mark.parametrize("origin", ["storage.endpoint_url", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_a_store_that_does_not_answer_names_the_setting_its_endpoint_came_from(monkeypatch, origin):
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1" if origin == "AWS_ENDPOINT_URL_S3" else endpoint)
+    if origin == "AWS_ENDPOINT_URL_S3":
+        monkeypatch.setenv(origin, endpoint)  # the more specific variable wins
+    options = StorageSection(endpoint_url=endpoint if origin == "storage.endpoint_url" else None).options()
+    with pytest.raises(Unreachable, match=f"at {endpoint} does not answer .*: correct {origin}, or start the store$"):
+        resolve("s3://b/run", options).is_dir()
+
+
+def test_aws_s3_not_answering_asks_for_an_endpoint_or_the_network(monkeypatch):
+    for name in ENDPOINT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(Unreachable, match=r"^cannot stat s3://b/x: the object store \(AWS S3\) does not answer \(no "
+                                          r"route\): give the store's endpoint \(--endpoint-url, or AWS_ENDPOINT_URL\) "
+                                          "if it is not AWS S3, or check this machine's network$"):
+        with _StorageGuard("s3://b/x", "stat"):  # AWS itself cannot be reached from a test
+            raise OSError("When getting information for key 'x': AWS Error NETWORK_CONNECTION. Details: no route")
 
 
 def test_a_write_into_a_bucket_that_does_not_exist_names_the_bucket_and_the_fix(s3_server):

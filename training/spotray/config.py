@@ -332,7 +332,8 @@ class StorageSection:
     region: str | None = None
 
     def options(self) -> StorageOptions:
-        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region)
+        return StorageOptions(endpoint_url=self.endpoint_url, region=self.region,
+                              endpoint_setting="storage.endpoint_url")
 
 
 DEFAULT_INTERRUPTIONS_PER_HOUR = 1.0

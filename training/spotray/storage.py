@@ -25,15 +25,27 @@ from spotray.errors import NotFound, StorageError, Unreachable
 UPLOAD_EVERY_S = 60.0  # how often a file kept locally for a run on S3 (its log, a tracker's files) is uploaded
 
 
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")  # the standard AWS ones, most specific first
+
+
 @dataclass(frozen=True)
 class StorageOptions:
-    """How to reach S3. ``None`` fields fall back to the standard AWS environment variables."""
+    """How to reach S3. ``None`` fields fall back to the standard AWS environment variables. ``endpoint_setting``
+    is what a user sets ``endpoint_url`` by (a flag, a config key), for a message that says what to correct."""
 
     endpoint_url: str | None = None
     region: str | None = None
+    endpoint_setting: str = field(default="--endpoint-url", compare=False)
 
     def resolved_endpoint(self) -> str | None:
-        return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        origin = self.endpoint_origin()
+        return self.endpoint_url or (os.environ[origin] if origin else None)
+
+    def endpoint_origin(self) -> str | None:
+        """The setting the endpoint comes from; None for AWS S3 itself."""
+        if self.endpoint_url:
+            return self.endpoint_setting
+        return next((name for name in ENDPOINT_VARIABLES if os.environ.get(name)), None)
 
     def resolved_region(self) -> str:
         return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
@@ -316,12 +328,13 @@ class _StorageGuard:
             return False
         if isinstance(exc, FileNotFoundError):
             raise NotFound(f"{self.url}: not found") from exc
-        endpoint = (self.options or StorageOptions()).resolved_endpoint()
+        options = self.options or StorageOptions()
+        endpoint = options.resolved_endpoint()
         store = f"at {endpoint}" if endpoint else "(AWS S3)"
         if isinstance(exc, OSError) and "NETWORK_CONNECTION" in str(exc):  # pyarrow's S3 client: no answer
             why = str(exc).rpartition("Details: ")[2].strip()
             raise Unreachable(f"cannot {self.action} {self.url}: the object store {store} does not answer "
-                              f"({why})") from exc
+                              f"({why}): {_unreachable_fix(options)}") from exc
         if isinstance(exc, OSError) and "NO_SUCH_BUCKET" in str(exc):
             raise StorageError(f"cannot {self.action} {self.url}: the object store {store} has no bucket "
                                f"'{urlparse(self.url).netloc}': create it, or give a URL in a bucket that exists"
@@ -329,6 +342,14 @@ class _StorageGuard:
         if isinstance(exc, OSError):
             raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
         return False
+
+
+def _unreachable_fix(options: StorageOptions) -> str:
+    origin = options.endpoint_origin()
+    if origin:
+        return f"correct {origin}, or start the store"
+    return (f"give the store's endpoint ({options.endpoint_setting}, or AWS_ENDPOINT_URL) if it is not AWS S3, or "
+            "check this machine's network")
 
 
 def resolve(url: str, options: StorageOptions | None = None) -> Location:

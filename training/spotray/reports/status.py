@@ -55,9 +55,8 @@ def _run_root(run_url: str, options: StorageOptions | None) -> Location:
     root = resolve(run_url, options)
     try:
         is_run = ledger.attempts_root(root).is_dir() or checkpoints_root(root).is_dir()
-    except Unreachable as exc:
-        raise StorageError(f"{exc}: give the store's endpoint (--endpoint-url, or AWS_ENDPOINT_URL), or start it") \
-            from exc
+    except Unreachable:
+        raise  # the store is the thing to correct, not the run's URL
     except StorageError as exc:
         raise StorageError(f"cannot read {root.url} ({_first_line(exc)}): {RUN_URL_HINT}") from exc
     if not is_run:
