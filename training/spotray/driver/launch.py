@@ -41,7 +41,7 @@ from spotray.driver.resize import ControllerToKeeper, EndWithoutReplacement, Kee
 from spotray.driver.runtime_env import enter_working_dir, shipped, worker_runtime_env
 from spotray.errors import ClusterLost, SpotrayError, StorageError, TrainingFailed, root_cause
 from spotray.formats import workers
-from spotray.ray_local import join_cluster, start_local_ray
+from spotray.ray_local import join_or_start
 from spotray.ray_nodes import drain_deadline
 from spotray.snapshots.holders import remove_holders, snapshot_root
 from spotray.step import evaluation
@@ -655,13 +655,8 @@ def write_summary(summary: dict, path: str) -> None:
 
 
 def _ensure_ray(cfg: TrainConfig, worker_logs: bool) -> None:
-    """Connects to the cluster at RAY_ADDRESS, or starts a local Ray."""
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        join_cluster(log_to_driver=worker_logs, logging_level=logging.INFO if worker_logs else logging.WARNING)
-        return
-    start_local_ray(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
+    """Connects to the cluster at RAY_ADDRESS, or starts a local Ray with a CPU for the driver's actors."""
+    join_or_start(max(os.cpu_count() or 1, cfg.scaling.num_workers + 1), log_to_driver=worker_logs)
 
 
 def leave_ray() -> None:
