@@ -324,24 +324,25 @@ class _StorageGuard:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc is None or isinstance(exc, StorageError):
+        if exc is None or isinstance(exc, StorageError) or not isinstance(exc, OSError):
             return False
         if isinstance(exc, FileNotFoundError):
             raise NotFound(f"{self.url}: not found") from exc
-        options = self.options or StorageOptions()
-        endpoint = options.resolved_endpoint()
-        store = f"at {endpoint}" if endpoint else "(AWS S3)"
-        if isinstance(exc, OSError) and "NETWORK_CONNECTION" in str(exc):  # pyarrow's S3 client: no answer
+        failed, options = f"cannot {self.action} {self.url}", self.options or StorageOptions()
+        if "NETWORK_CONNECTION" in str(exc):  # pyarrow's S3 client: no answer
             why = str(exc).rpartition("Details: ")[2].strip()
-            raise Unreachable(f"cannot {self.action} {self.url}: the object store {store} does not answer "
-                              f"({why}): {_unreachable_fix(options)}") from exc
-        if isinstance(exc, OSError) and "NO_SUCH_BUCKET" in str(exc):
-            raise StorageError(f"cannot {self.action} {self.url}: the object store {store} has no bucket "
+            raise Unreachable(f"{failed}: the object store {_store_name(options)} does not answer ({why}): "
+                              f"{_unreachable_fix(options)}") from exc
+        if "NO_SUCH_BUCKET" in str(exc):
+            raise StorageError(f"{failed}: the object store {_store_name(options)} has no bucket "
                                f"'{urlparse(self.url).netloc}': create it, or give a URL in a bucket that exists"
                                ) from exc
-        if isinstance(exc, OSError):
-            raise StorageError(f"cannot {self.action} {self.url}: {exc}") from exc
-        return False
+        raise StorageError(f"{failed}: {exc}") from exc
+
+
+def _store_name(options: StorageOptions) -> str:
+    endpoint = options.resolved_endpoint()
+    return f"at {endpoint}" if endpoint else "(AWS S3)"
 
 
 def _unreachable_fix(options: StorageOptions) -> str:
