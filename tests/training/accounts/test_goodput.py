@@ -254,6 +254,23 @@ def test_no_progress_line_of_a_step_before_a_notice_already_said_comes_after_it(
         " step 60/100", " PREEMPTION NOTICE at step 73", " MOVING ON from step 73", " step 80/100"]
 
 
+def test_a_finish_is_said_only_once_the_rerun_trains_so_a_rerun_that_trains_nothing_says_one_line(tmp_path,
+                                                                                                       monkeypatch):
+    """A finished script run again said "the run was finished at step 40: not an interruption" before its own
+    "finished at step 40 already: nothing to train": the rerun's workers had only started, and then trained nothing."""
+    root, stream, monitor, now = logged_monitor(tmp_path, monkeypatch)
+    write_attempt(root, "a", 0, 40, {"entered_at": 1010.0, "first_step_at": 1016.0, "last_seen": 1056.0, "step": 40})
+    ledger.write_final(root, "a", {"final_step": 40})
+    write_attempt(root, "b", 40, 40, {"entered_at": 2000.0, "last_seen": 2005.0})
+    monitor.poll()
+    assert "finished" not in stream.getvalue()
+    write_attempt(root, "b", 40, 45, {"entered_at": 2000.0, "first_step_at": 2010.0, "last_seen": 2015.0, "step": 45})
+    now[0] += 12
+    monitor.poll()
+    assert [line.split(" on ")[0] for line in stream.getvalue().splitlines()[:2]] == [
+        "spotray: the run was finished at step 40: not an interruption", "spotray: CONTINUING from step 40"]
+
+
 def test_the_driver_reads_each_attempts_record_once(tmp_path):
     """It polls storage every few seconds for the whole run: an attempt's record, written once, is not read again."""
     root = resolve(str(tmp_path / "attempts"))

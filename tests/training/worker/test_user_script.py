@@ -117,6 +117,7 @@ def test_a_trainer_script_run_again_once_finished_trains_nothing_and_says_so(tmp
         assert proc.returncode == 0, proc.stderr[-3000:]
         said = "spotray: run 'spotray' finished at step 5 already: nothing to train (raise the script's max steps"
         assert (said in proc.stderr) == again, proc.stderr[-3000:]
+        assert "not an interruption" not in proc.stderr, "a rerun that trains nothing continued nothing"
     first, rerun = (json.loads(path.read_text()) for path in summaries)
     assert [c.step for c in list_committed(resolve(str(runs / "spotray" / "checkpoints")))] == [5, 3]
     assert (rerun["final_step"], rerun["final_loss"]) == (first["final_step"], first["final_loss"]) == (5, ANY)

@@ -137,8 +137,11 @@ class ProgressMonitor:
         # The survivors may train again before Ray has marked the lost node dead: the why has a while to come, and
         # replaces the driver's start again.
         evidence_over = first_step_at is not None and time.time() - first_step_at >= EVIDENCE_WAIT_S
-        provisional = event.kind in (endings.UNKNOWN, endings.RESTARTED)
-        if (not provisional or evidence_over) and self._once(prev.attempt_id, "ended"):
+        if event.kind in (endings.UNKNOWN, endings.RESTARTED):  # provisional
+            due = evidence_over
+        else:  # a pause, once the rerun trains: a rerun that trains nothing (a finished script's) continued nothing
+            due = first_step_at is not None or event.kind not in endings.PAUSES
+        if due and self._once(prev.attempt_id, "ended"):
             line = _ending_line(self._event(prev, prev_status, cur, cur_status))
             if line:
                 self._say(line)
