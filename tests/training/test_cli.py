@@ -125,6 +125,14 @@ def test_a_bad_prices_file_stops_the_run_before_it_writes_anything(spotray, data
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_a_run_into_a_bucket_that_does_not_exist_is_one_line_before_its_header_and_log(spotray, dataset_url, s3_server):
+    """It printed the header, then a warning that the log could not be uploaded, then the error."""
+    proc = spotray("train", "--set", f"data.path={dataset_url}", "--set", "checkpoint.path=s3://missing/runs",
+                   "--set", f"storage.endpoint_url={s3_server}")
+    assert_one_line_error(proc, "cannot write s3://missing/runs/spotray", "no bucket 'missing'")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the manual's example's test in
 # test_user_task trains through the console script, in make test.
 @pytest.mark.e2e

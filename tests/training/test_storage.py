@@ -90,6 +90,17 @@ def test_a_store_that_does_not_answer_names_the_setting_its_endpoint_came_from(m
         resolve("s3://b/run", options).is_dir()
 
 
+def test_a_writable_place_passes_its_write_check_and_keeps_nothing_of_it(root):
+    root.check_writable()
+    assert root.list_names() == []
+
+
+def test_the_write_check_of_a_bucket_that_does_not_exist_names_the_place_not_its_probe(s3_server):
+    with pytest.raises(StorageError, match=f"^cannot write s3://missing/runs/r1: the object store at {s3_server} has "
+                                           "no bucket 'missing'"):
+        resolve("s3://missing/runs/r1", StorageOptions(endpoint_url=s3_server)).check_writable()
+
+
 def test_aws_s3_not_answering_asks_for_an_endpoint_or_the_network(monkeypatch):
     for name in ENDPOINT_VARIABLES:
         monkeypatch.delenv(name, raising=False)

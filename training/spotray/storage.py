@@ -282,6 +282,17 @@ class Location:
         client = _s3_client(options.resolved_endpoint(), options.resolved_region())
         client.copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key)
 
+    def check_writable(self) -> None:
+        """Writes and removes one empty object here: a missing bucket, read-only credentials or a store that does not
+        answer is one StorageError before anything is started or written."""
+        probe = posixpath.join(self.path, f".write-check-{uuid.uuid4().hex[:8]}")
+        with self._guard("write"):
+            if self.is_local:
+                self.fs.create_dir(self.path, recursive=True)
+            with self.fs.open_output_stream(probe):
+                pass
+            self.fs.delete_file(probe)
+
     def make_dirs(self) -> None:
         if self.is_local:  # object stores have no directories
             with self._guard("create"):

@@ -202,17 +202,19 @@ def failure_config() -> FailureConfig:
 def preflight(cfg: TrainConfig) -> Task | None:
     """Fail fast on the driver before any worker starts: every configured tracker's library imports, the prices file
     reads, and the task loads and opens its dataset (for the built-in tasks: the dataset index and the model config
-    only), or the script is there (None: a script has no task)."""
+    only), or the script is there (None: a script has no task); then the run's storage takes a write."""
     check_installed(cfg.tracking)
     if cfg.cost.prices_file:
         read_prices_file(cfg.cost.prices_file, cfg.storage.options())
+    task = None
     if cfg.script.path:
         user_script.preflight(cfg, run_root(cfg))
-        return None
-    task = load_task(cfg)
-    task.open_dataset()
-    if cfg.evaluates:
-        evaluation.preflight(cfg, task)
+    else:
+        task = load_task(cfg)
+        task.open_dataset()
+        if cfg.evaluates:
+            evaluation.preflight(cfg, task)
+    run_root(cfg).check_writable()
     return task
 
 
