@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from spotray.checkpoints.dcp import Checkpointer
+from spotray.errors import StorageError
 from spotray.export import export
 from spotray.worker.attempt import WorkerEnv, run_root
 from spotray.worker.loop import build_parts
@@ -252,3 +253,5 @@ def test_a_ddp_run_on_s3_exports_to_s3_with_the_trained_models_logits(dataset_ur
     inputs = torch.randint(0, 257, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=inputs).logits, task.logits(model, inputs), rtol=0, atol=1e-5)
+    with pytest.raises(StorageError, match="^cannot write s3://missing/exported: .* has no bucket 'missing'"):
+        export(run_root(cfg).url, "s3://missing/exported", options=options)  # before a shard is read for nothing

@@ -95,6 +95,11 @@ def test_a_writable_place_passes_its_write_check_and_keeps_nothing_of_it(root):
     assert root.list_names() == []
 
 
+def test_the_write_check_of_a_local_folder_yet_to_be_made_leaves_no_folder_behind(tmp_path):
+    resolve(str(tmp_path / "runs" / "r1")).check_writable()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_write_check_of_a_bucket_that_does_not_exist_names_the_place_not_its_probe(s3_server):
     with pytest.raises(StorageError, match=f"^cannot write s3://missing/runs/r1: the object store at {s3_server} has "
                                            "no bucket 'missing'"):

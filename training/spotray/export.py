@@ -59,6 +59,7 @@ def export(run_url: str, out: str, step: int | None = None, options: StorageOpti
     out_dir = resolve(out, options)
     if out_dir.child("config.json").exists() or out_dir.child(WEIGHTS).exists() or out_dir.child(INDEX).exists():
         raise ExportError(f"--out {out} already holds a model: choose an empty directory")
+    out_dir.check_writable()  # before a shard's worth of the checkpoint is read for nothing
     hf_config = record.get("hf_config")
     dtype = dtype or (hf_config or {}).get("dtype") or "float32"
     if dtype not in EXPORT_DTYPES:

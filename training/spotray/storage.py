@@ -285,10 +285,11 @@ class Location:
     def check_writable(self) -> None:
         """Writes and removes one empty object here: a missing bucket, read-only credentials or a store that does not
         answer is one StorageError before anything is started or written."""
-        probe = posixpath.join(self.path, f".write-check-{uuid.uuid4().hex[:8]}")
+        folder = self.path
+        while self.is_local and not os.path.isdir(folder) and folder != posixpath.dirname(folder):
+            folder = posixpath.dirname(folder)  # the nearest that exists: no folder is left behind by a failure
+        probe = posixpath.join(folder, f".write-check-{uuid.uuid4().hex[:8]}")
         with self._guard("write"):
-            if self.is_local:
-                self.fs.create_dir(self.path, recursive=True)
             with self.fs.open_output_stream(probe):
                 pass
             self.fs.delete_file(probe)

@@ -20,7 +20,7 @@ from spotray.data.executors import InlineExecutor, RayExecutor
 from spotray.data.index import read_index, val_split_url
 from spotray.data.prepare import prepare, verify
 from spotray.errors import DataError, StorageError
-from spotray.storage import Location, resolve
+from spotray.storage import Location, StorageOptions, resolve
 from tests.training.data.test_prepare_progress import Terminal
 
 EOT = 256
@@ -185,6 +185,14 @@ def test_s3_prefix_and_glob_inputs(tmp_path, s3_bucket):
     assert token_stream(f"{bucket_url}/all", options) == byte_stream(docs)
     prepare(f"{bucket_url}/raw/**/*.jsonl", f"{bucket_url}/jsonl", options, dedup=False)
     assert token_stream(f"{bucket_url}/jsonl", options) == byte_stream(docs[:30] + docs[31:])
+
+
+def test_an_output_in_a_bucket_that_does_not_exist_is_refused_before_any_input_is_tokenized(tmp_path, s3_server,
+                                                                                                 monkeypatch):
+    write_jsonl(tmp_path / "in.jsonl", documents(5))
+    monkeypatch.setattr("spotray.data.prepare.tokenize_chunk", None)  # reading the corpus would fail otherwise
+    with pytest.raises(StorageError, match="^cannot write s3://missing/tokens: .* has no bucket 'missing'"):
+        prepare(str(tmp_path / "in.jsonl"), "s3://missing/tokens", StorageOptions(endpoint_url=s3_server))
 
 
 def test_exact_duplicates_are_dropped_first_occurrence_kept_whatever_the_chunking(tmp_path):

@@ -109,6 +109,7 @@ def prepare(
     files = [f for f in list_inputs(patterns, settings.format, options) if not f.url.startswith(f"{out.url}/")]
     if not files:
         raise DataError(f"every file --input names is inside --output {out.url}: point --input at the corpus")
+    out.check_writable()  # before a corpus is read and tokenized for nothing
     tokenizer = load_tokenizer(settings.tokenizer, options)
     chunk_settings = ChunkSettings(settings.text_field, settings.min_chars, settings.dedup, settings.skip_bad_lines,
                                    settings.shard_tokens, dtype_for_vocab(tokenizer.vocab_size),
