@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import shlex
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -290,6 +291,19 @@ def test_from_a_run_infers_its_checkpoint_interval_from_the_kept_checkpoints_and
     estimate("--from", str(INTERRUPTED_RUN), "--nodes", "8,64", "--interruptions-per-node-hour", "0.01",
              "--every-steps", "auto")  # flags override the run's figures
     assert "64     spot" in capsys.readouterr().out
+
+
+def test_from_a_run_that_took_snapshots_measures_what_one_blocks_and_plans_them(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(INTERRUPTED_RUN, run)
+    assert "snapshot_s" not in calibration.inputs_from_run(str(run)).values  # it took none
+    for number, status_file in enumerate(sorted(run.glob("attempts/*/status.json"))):
+        status = json.loads(status_file.read_text())
+        status.update(snapshots=10 * (number + 1), snapshot_save_s=0.5 * (number + 1))
+        status_file.write_text(json.dumps(status))
+    assert calibration.inputs_from_run(str(run)).values["snapshot_s"] == pytest.approx(3.0 / 60)
+    estimate("--from", str(run), "--json")
+    assert json.loads(capsys.readouterr().out)["inputs"]["snapshot_s"] == pytest.approx(3.0 / 60)
 
 
 @pytest.mark.parametrize(("example", "goodputs"), [

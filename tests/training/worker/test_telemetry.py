@@ -79,6 +79,21 @@ def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path)
     assert status is not None and status["first_step_at"] >= before and status["step"] is None
 
 
+def test_each_snapshot_is_counted_with_its_blocked_time_so_a_plan_can_take_one_snapshots_cost(tmp_path):
+    attempts, info, writer = resolve(str(tmp_path / "attempts")), ledger.AttemptInfo("a1", 0, 2, 4), \
+        ledger.RecordWriter()
+    ledger.write_attempt(attempts, info)
+    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
+                                  tokens_per_step=512, flops_per_token=None, peak=None, run_name="r", writer=writer,
+                                  log_every=10)
+    telemetry.snapshot(0.25, None)  # the first: no snapshot before it is held yet
+    telemetry.snapshot(0.5, (10, {"node-a": (1024, 4096)}))
+    telemetry.clock.flush()
+    writer.close(timeout_s=10)
+    status = goodput.read_status(attempts, "a1")
+    assert status is not None and (status["snapshots"], status["snapshot_save_s"]) == (2, 0.75)
+
+
 @pytest.mark.e2e
 def test_rank0_gauges_reach_rays_prometheus_endpoint_while_training(ray_cluster, dataset_url, tmp_path):
     # priced nodes, as the demo's: the cost gauges are exported only where every node has a price

@@ -35,7 +35,7 @@ class AttemptClock:
             "first_step_at": None, "last_seen": entered_at, "notice": None, "moved_at": None,
             "error": None, "step": None, "max_steps": max_steps, "log_every": log_every, "loss": None,
             "tokens_per_s": None, "goodput": None, "val_loss": None, "val_step": None,
-            "failed_saves": 0,
+            "failed_saves": 0, "snapshots": 0,
         }
 
     def add(self, category: str, seconds: float) -> None:

@@ -38,7 +38,9 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
       restore and the step; notice_share: the interruptions whose notice committed a checkpoint.
     - blocking_save_s: all attempts' blocked save time over their saves (periodic, emergency and final); save_s
       the same (the ledger does not time an asynchronous save's whole: give --save-s).
-    - overhead_s_per_step: evaluation and unclaimed ("other") time over the steps trained."""
+    - overhead_s_per_step: evaluation and unclaimed ("other") time over the steps trained.
+    - snapshot_s, where it took in-memory snapshots: their blocked time over their count (the planner then takes
+      them every ``auto`` steps unless told)."""
     root = resolve(url, options)
     attempts_root = ledger.attempts_root(root)
     records = goodput.attempt_records(attempts_root)
@@ -74,6 +76,9 @@ def inputs_from_run(url: str, options: StorageOptions | None = None, every_steps
     if events:
         values["notice_share"] = sum(1 for e in events if e.kind == "notice" and e.lost_steps == 0) / len(events)
     trained = sum(len(a.steps) for a in records)
+    snapshots = sum(a.status_of("snapshots", 0) for a in records)
+    if snapshots:
+        values["snapshot_s"] = account.seconds["snapshot_save"] / snapshots
     values["overhead_s_per_step"] = (account.seconds["eval"] + account.seconds["other"]) / trained
     committed = list_committed(checkpoints_root(root), warn=False)  # newest first
     interval = every_steps or kept_interval([c.step for c in committed])

@@ -291,6 +291,7 @@ class RankZeroTelemetry(Telemetry):
 
     def snapshot(self, blocking_s: float, held: tuple[int, dict[str, tuple[int, int]]] | None) -> None:
         self.clock.add("snapshot_save", blocking_s)
+        self.clock.update(snapshots=self.clock.status["snapshots"] + 1)
         if held is None or not held[1]:
             return
         step, nodes = held
