@@ -62,15 +62,19 @@ def scrape_spotray_gauges(port: int) -> set[str]:
     return {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_spotray_")}
 
 
+def rank_zero(attempts, info: ledger.AttemptInfo, writer: ledger.RecordWriter) -> RankZeroTelemetry:
+    """Rank 0's telemetry of attempt ``info``, recorded under ``attempts``."""
+    ledger.write_attempt(attempts, info)
+    return RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
+                             tokens_per_step=512, flops_per_token=None, peak=None, run_name="r", writer=writer,
+                             log_every=10)
+
+
 def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path):
     """A kill before the attempt's first log line must still find it resumed: `spotray status` and the driver measure
     the interruption's recovery to its first step."""
-    attempts, info, writer = resolve(str(tmp_path / "attempts")), ledger.AttemptInfo("a1", 20, 2, 4), \
-        ledger.RecordWriter()
-    ledger.write_attempt(attempts, info)
-    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
-                                  tokens_per_step=512, flops_per_token=None, peak=None, run_name="r", writer=writer,
-                                  log_every=10)
+    attempts, writer = resolve(str(tmp_path / "attempts")), ledger.RecordWriter()
+    telemetry = rank_zero(attempts, ledger.AttemptInfo("a1", 20, 2, 4), writer)
     telemetry.started(startup_s=1.0, restore_s=0.5)
     before = time.time()
     telemetry.step_done(0.1)
@@ -80,12 +84,8 @@ def test_an_attempts_first_step_is_on_record_before_its_first_log_line(tmp_path)
 
 
 def test_each_snapshot_is_counted_with_its_blocked_time_so_a_plan_can_take_one_snapshots_cost(tmp_path):
-    attempts, info, writer = resolve(str(tmp_path / "attempts")), ledger.AttemptInfo("a1", 0, 2, 4), \
-        ledger.RecordWriter()
-    ledger.write_attempt(attempts, info)
-    telemetry = RankZeroTelemetry(attempts_root=attempts, attempt=info, entered_at=time.time(), max_steps=100,
-                                  tokens_per_step=512, flops_per_token=None, peak=None, run_name="r", writer=writer,
-                                  log_every=10)
+    attempts, writer = resolve(str(tmp_path / "attempts")), ledger.RecordWriter()
+    telemetry = rank_zero(attempts, ledger.AttemptInfo("a1", 0, 2, 4), writer)
     telemetry.snapshot(0.25, None)  # the first: no snapshot before it is held yet
     telemetry.snapshot(0.5, (10, {"node-a": (1024, 4096)}))
     telemetry.clock.flush()
