@@ -282,6 +282,11 @@ class Location:
         client = _s3_client(options.resolved_endpoint(), options.resolved_region())
         client.copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key)
 
+    def bucket_missing(self) -> bool:
+        """Whether this S3 URL's bucket does not exist (False for a local path)."""
+        with self._guard("stat"):
+            return self.is_s3 and self.fs.get_file_info(self.path.split("/")[0]).type == pafs.FileType.NotFound
+
     def check_writable(self) -> None:
         """Writes and removes one empty object here: a missing bucket, read-only credentials or a store that does not
         answer is one StorageError before anything is started or written."""

@@ -348,6 +348,12 @@ def test_a_url_that_is_not_a_run_ends_in_one_error_line(run, tmp_path, capsys, w
     assert err.startswith(f"spotray: error: {url} is not a training run") and "<checkpoint.path>/<run.name>" in err
 
 
+def test_a_url_in_a_bucket_that_does_not_exist_names_the_bucket(capsys, s3_server):
+    assert main(["status", "s3://missing/runs/r1", "--endpoint-url", s3_server]) == 2
+    assert capsys.readouterr().err.strip() == ("spotray: error: s3://missing/runs/r1 is not a training run: bucket "
+                                               "'missing' does not exist; check the bucket name and --endpoint-url")
+
+
 def test_a_store_that_does_not_answer_is_told_to_check_the_endpoint_not_the_runs_url(capsys):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["status", "s3://b/runs/r1", "--endpoint-url", endpoint]) == 2

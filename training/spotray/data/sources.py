@@ -106,7 +106,7 @@ def _expand_s3(pattern: str, options: StorageOptions | None) -> list[tuple[str, 
             f"--input '{pattern}': cannot list {base.url} ({exc}); check the bucket name, --endpoint-url and the "
             "credentials"
         ) from None
-    if not infos and base.fs.get_file_info(base.path.split("/")[0]).type == pafs.FileType.NotFound:
+    if not infos and base.bucket_missing():
         raise StorageError(f"--input '{pattern}': bucket '{base.path.split('/')[0]}' does not exist; check the bucket "
                            "name and --endpoint-url")
     files = [(f"s3://{i.path}", i.size) for i in infos if i.type == pafs.FileType.File]

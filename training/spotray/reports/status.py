@@ -8,6 +8,7 @@ never a checkpoint's data; it writes and locks nothing.
 from __future__ import annotations
 
 import time
+from urllib.parse import urlparse
 
 from spotray.accounts import cost, endings, goodput, ledger
 from spotray.checkpoints.dcp import (
@@ -59,6 +60,9 @@ def _run_root(run_url: str, options: StorageOptions | None) -> Location:
         raise  # the store is the thing to correct, not the run's URL
     except StorageError as exc:
         raise StorageError(f"cannot read {root.url} ({_first_line(exc)}): {RUN_URL_HINT}") from exc
+    if not is_run and root.bucket_missing():
+        raise StorageError(f"{root.url} is not a training run: bucket '{urlparse(root.url).netloc}' does not exist; "
+                           "check the bucket name and --endpoint-url")
     if not is_run:
         raise StorageError(f"{root.url} is not a training run (it has no attempts/ or checkpoints/): {RUN_URL_HINT}")
     return root
