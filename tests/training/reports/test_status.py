@@ -348,6 +348,24 @@ def test_a_url_that_is_not_a_run_ends_in_one_error_line(run, tmp_path, capsys, w
     assert err.startswith(f"spotray: error: {url} is not a training run") and "<checkpoint.path>/<run.name>" in err
 
 
+def test_a_scripts_loss_logged_every_few_steps_is_shown_with_the_step_it_was_logged_at(tmp_path, capsys):
+    """A Trainer logs its loss every logging_steps: the newest step mostly has none, and status showed no loss."""
+    root = resolve(str(tmp_path / "runs" / "script"))
+    attempts = ledger.attempts_root(root)
+    write_attempt(attempts, "a", 0, 0, {"entered_at": time.time() - 60, "first_step_at": time.time() - 50,
+                                        "last_seen": time.time(), "step": 8})
+    writer = ledger.RecordWriter()
+    losses = ledger.LossLog(attempts, "a", writer)
+    for step in range(1, 9):
+        losses.record(step, loss=4.5 if step == 5 else None, seconds=1.0)
+    losses.flush()
+    writer.close(timeout_s=10)
+    got = status_json(root.url, capsys=capsys)
+    assert (got["step"], got["last_loss"], got["last_loss_step"]) == (8, 4.5, 5)
+    assert main(["status", root.url]) == 0
+    assert "step 8/100, loss 4.5000 (logged at step 5)" in capsys.readouterr().out
+
+
 def test_a_url_in_a_bucket_that_does_not_exist_names_the_bucket(capsys, s3_server):
     assert main(["status", "s3://missing/runs/r1", "--endpoint-url", s3_server]) == 2
     assert capsys.readouterr().err.strip() == ("spotray: error: s3://missing/runs/r1 is not a training run: bucket "

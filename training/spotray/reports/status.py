@@ -104,13 +104,16 @@ def _snapshot(root: Location, now: float) -> dict:
 def _latest(records: list[goodput.AttemptRecord], account: goodput.Account, now: float) -> dict:
     """The newest attempt: whether it trains, how far it got, and when it was last heard of."""
     if not records:
-        return {"state": "stopped", "step": 0, "max_steps": None, "last_loss": None, "tokens_per_s": None,
-                "last_seen_s_ago": None, "error": None}
+        return {"state": "stopped", "step": 0, "max_steps": None, "last_loss": None, "last_loss_step": None,
+                "tokens_per_s": None, "last_seen_s_ago": None, "error": None}
     latest = records[-1]
-    kept = account.kept.get(latest.last_step)
+    # A script logs its loss every few steps (the Trainer's logging_steps): the last loss of the history.
+    loss_step = max((step for step, record in account.kept.items()
+                     if record.loss is not None and step <= latest.last_step), default=None)
     return {"state": _state(latest, now), "step": latest.last_step,
             "max_steps": next((r.status["max_steps"] for r in reversed(records) if r.status), None),
-            "last_loss": kept.loss if kept else None, "tokens_per_s": latest.status_of("tokens_per_s", None),
+            "last_loss": None if loss_step is None else account.kept[loss_step].loss, "last_loss_step": loss_step,
+            "tokens_per_s": latest.status_of("tokens_per_s", None),
             "last_seen_s_ago": round(now - latest.last_seen, 1), "error": latest.status_of("error", None)}
 
 
@@ -247,7 +250,8 @@ def _state_text(status: dict) -> str:
 def _progress_text(status: dict) -> str:
     parts = [f"step {status['step']}" + (f"/{status['max_steps']}" if status["max_steps"] else "")]
     if status["last_loss"] is not None:
-        parts.append(f"loss {status['last_loss']:.4f}")
+        at = "" if status["last_loss_step"] == status["step"] else f" (logged at step {status['last_loss_step']})"
+        parts.append(f"loss {status['last_loss']:.4f}{at}")
     if status["tokens_per_s"]:
         parts.append(f"{status['tokens_per_s']:,.0f} tok/s")
     return ", ".join(parts)
