@@ -133,6 +133,15 @@ def test_the_same_command_on_a_finished_run_books_no_workers_and_says_so_in_one_
     monkeypatch.setattr(launch, "_ensure_ray", book_workers)
     console = io.StringIO()
     again = launch.run(cfg, console=console)
+    checked, preflight = launch.preflight(cfg), launch.preflight
+
+    def checked_again(*_):
+        raise AssertionError("preflight ran again")
+
+    monkeypatch.setattr(launch, "preflight", checked_again)  # the caller ran it: not again, whatever it returned
+    launch.run(cfg, console=io.StringIO(), task=checked)
+    launch.run(cfg, console=io.StringIO(), task=None)  # a script's run has no task
+    monkeypatch.setattr(launch, "preflight", preflight)
     assert console.getvalue() == ("spotray: run 'done' finished at step 10 already: nothing to train (raise "
                                   "train.max_steps to train on)\n")
     assert {key: again[key] for key in ("final_step", "final_loss", "param_sha256", "events")} == {

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import ray
 import ray.train
@@ -218,12 +218,16 @@ def preflight(cfg: TrainConfig) -> Task | None:
     return task
 
 
-def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = None, task: Task | None = None) -> dict:
+_UNCHECKED: Any = object()  # ``run``'s caller did not run ``preflight`` (a script's run has no task: None)
+
+
+def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = None,
+        task: Task | None = _UNCHECKED) -> dict:
     """Train (or resume) ``cfg.run.name`` on the Ray cluster at RAY_ADDRESS, or a local one. Returns the summary.
     Progress and interruption lines go to ``console`` (default: stderr); ``task``: what ``preflight`` returned, if
     the caller ran it."""
     cfg = with_absolute_paths(cfg)
-    task = task or preflight(cfg)
+    task = preflight(cfg) if task is _UNCHECKED else task
     prices = price_book(cfg.cost, cfg.storage.options())
     tokens_per_step = units_per_step(cfg, task) if task else 0
     root = run_root(cfg)
