@@ -8,6 +8,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,13 @@ SPOTRAY = Path(sys.executable).parent / "spotray"
 def bench(*args: str, model: str = "tiny", ray_address: str | None = None) -> dict:
     """``ray_address``: a bench that trains through ``spotray train`` joins the session's Ray there rather than
     starting one (what it runs is the same either way)."""
-    env = cli_env(**({"RAY_ADDRESS": ray_address} if ray_address else {}))
-    proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
-                          text=True, timeout=900, env=env)
+    with tempfile.TemporaryDirectory() as tmp:  # where the bench's own folder goes, and is gone from when it ends
+        env = cli_env(TMPDIR=tmp, **({"RAY_ADDRESS": ray_address} if ray_address else {}))
+        proc = subprocess.run([str(SPOTRAY), "bench", *args, "--preset", "tiny", "--json"], capture_output=True,
+                              text=True, timeout=900, env=env)
+        left = [path.name for path in Path(tmp).glob("spotray-bench-*")]
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not left, "a bench leaves no folder behind"
     result = json.loads(proc.stdout)
     assert_made_by(result, model)
     return result
@@ -70,6 +74,21 @@ def test_a_random_token_corpus_is_a_prepared_dataset_of_ids_over_its_whole_vocab
     assert dataset.vocab_size == vocab_size and dataset.index["dtype"] == dtype
     ids = dataset.batch(list(range(dataset.num_samples)))
     assert 0 <= int(ids.min()) < vocab_size // 100 and vocab_size * 0.99 < int(ids.max()) < vocab_size
+
+
+def test_a_benchs_folder_is_removed_when_it_ends_and_kept_and_named_when_it_fails(tmp_path, monkeypatch, capsys):
+    from spotray.bench.common import scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with scratch_dir() as ended:
+        Path(ended, "ckpt").mkdir()
+    with pytest.raises(RuntimeError), scratch_dir() as failed:
+        raise RuntimeError("a drill failed")
+    assert [path.name for path in tmp_path.iterdir()] == [Path(failed).name]
+    assert capsys.readouterr().err == f"bench: its files are kept in {failed}\n"
+    with scratch_dir(str(tmp_path)) as given:
+        assert given == str(tmp_path)
+    assert tmp_path.is_dir()  # a caller's folder is the caller's
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs")

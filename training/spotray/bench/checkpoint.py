@@ -21,7 +21,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir, read_result, write_result
+from spotray.bench.common import bench_corpus, machine, read_result, scratch_dir, write_result
 from spotray.checkpoints.dcp import Checkpointer
 from spotray.drills.s3local import create_bucket, moto_server
 from spotray.errors import SpotrayError, root_cause
@@ -135,17 +135,18 @@ def _measure(data_url: str, storage_url: str, endpoint: str | None, workdir: str
 
 
 def run(storages: list[str], s3_endpoint: str | None = None, repeats: int = 3, preset: str = "small") -> dict:
-    workdir = new_workdir()
-    data_url = bench_corpus(workdir)
-    results = {"machine": machine(), "workers": 2, "model": preset, "repeats": repeats}
-    with contextlib.ExitStack() as stack:
-        endpoint = None
-        if "s3" in storages:  # the server starts before Ray, so the workers inherit its credentials
-            endpoint = s3_endpoint or stack.enter_context(moto_server())
-        join_or_start(max(os.cpu_count() or 1, 3), log_to_driver=False)
-        if "local" in storages:
-            results["local"] = _measure(data_url, resolve(workdir).child("ckpt").url, None, workdir, repeats, preset)
-        if endpoint:
-            s3 = _measure(data_url, f"{create_bucket(endpoint)}/ckpt", endpoint, workdir, repeats, preset)
-            results["s3"] = s3 | {"endpoint": s3_endpoint or "moto server on 127.0.0.1"}
-    return results
+    with scratch_dir() as workdir:
+        data_url = bench_corpus(workdir)
+        results = {"machine": machine(), "workers": 2, "model": preset, "repeats": repeats}
+        with contextlib.ExitStack() as stack:
+            endpoint = None
+            if "s3" in storages:  # the server starts before Ray, so the workers inherit its credentials
+                endpoint = s3_endpoint or stack.enter_context(moto_server())
+            join_or_start(max(os.cpu_count() or 1, 3), log_to_driver=False)
+            if "local" in storages:
+                local = resolve(workdir).child("ckpt").url
+                results["local"] = _measure(data_url, local, None, workdir, repeats, preset)
+            if endpoint:
+                s3 = _measure(data_url, f"{create_bucket(endpoint)}/ckpt", endpoint, workdir, repeats, preset)
+                results["s3"] = s3 | {"endpoint": s3_endpoint or "moto server on 127.0.0.1"}
+        return results

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import shutil
+import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -54,8 +58,20 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%d")}
 
 
-def new_workdir() -> str:
-    return tempfile.mkdtemp(prefix="spotray-bench-")
+@contextlib.contextmanager
+def scratch_dir(given: str | None = None) -> Iterator[str]:
+    """A bench's own folder for its corpus, checkpoints and logs: removed when the bench ends (a GPU bench leaves
+    gigabytes of checkpoints), kept and named when it fails, for its logs. A caller's ``given`` folder stays."""
+    if given:
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="spotray-bench-")
+    try:
+        yield path
+    except BaseException:
+        print(f"bench: its files are kept in {path}", file=sys.stderr)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def write_result(location: Location, result: dict) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, scratch_dir
 from spotray.drills.process_group import train_on_process_group
 
 _MEASURE = """
@@ -29,14 +29,14 @@ print(json.dumps({"model_bytes": model_bytes, "baseline_kb": baseline_kb, "peak_
 
 
 def run(preset: str = "gpt2-124m") -> dict:
-    workdir = new_workdir()
-    cfg = config.load(None, [f"data.path={bench_corpus(workdir)}", f"checkpoint.path={workdir}/ckpt",
-                             f"model.preset={preset}", "run.name=export", "parallel=fsdp", "scaling.num_workers=2",
-                             "train.seq_len=256", "train.global_batch_size=2", "train.max_steps=1"])
-    train_on_process_group(cfg.to_dict(), 2)
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, f"{workdir}/ckpt/export", f"{workdir}/out"],
-                          capture_output=True, text=True, timeout=1800, check=True)
-    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    with scratch_dir() as workdir:
+        cfg = config.load(None, [f"data.path={bench_corpus(workdir)}", f"checkpoint.path={workdir}/ckpt",
+                                 f"model.preset={preset}", "run.name=export", "parallel=fsdp", "scaling.num_workers=2",
+                                 "train.seq_len=256", "train.global_batch_size=2", "train.max_steps=1"])
+        train_on_process_group(cfg.to_dict(), 2)
+        proc = subprocess.run([sys.executable, "-c", _MEASURE, f"{workdir}/ckpt/export", f"{workdir}/out"],
+                              capture_output=True, text=True, timeout=1800, check=True)
+        measured = json.loads(proc.stdout.strip().splitlines()[-1])
     model_bytes, baseline, peak = measured["model_bytes"], measured["baseline_kb"] * 1024, measured["peak_kb"] * 1024
     return {
         "machine": machine(), "model": preset, "checkpoint": "2-rank FSDP", "model_mb": round(model_bytes / 1e6, 1),

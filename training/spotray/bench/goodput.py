@@ -20,7 +20,7 @@ import yaml
 
 from spotray import demo
 from spotray.bench import planner
-from spotray.bench.common import machine, new_workdir
+from spotray.bench.common import machine, scratch_dir
 from spotray.drills.cluster import ReusedCluster, given_or_own
 from spotray.errors import SpotrayError
 
@@ -48,9 +48,9 @@ def run(steps: int = 6000, rounds: int = 1, clusters: ReusedCluster | None = Non
     if faults != "demo":
         raise SpotrayError(f"bench goodput: --faults {faults}: give demo (the demo's notice and kill) or kill (a "
                            "schedule of --kills kills)")
-    workdir = workdir or new_workdir()  # one corpus and one cluster (while it stays whole) for every drill
-    results, best = _interleaved(VARIANTS, rounds, clusters, workdir, lambda name, _, reused, so_far: _drill(
-        workdir, reused, steps, VARIANTS[name], so_far["baseline"]))
+    with scratch_dir(workdir) as folder:  # one corpus and one cluster (while it stays whole) for every drill
+        results, best = _interleaved(VARIANTS, rounds, clusters, folder, lambda name, _, reused, so_far: _drill(
+            folder, reused, steps, VARIANTS[name], so_far["baseline"]))
     return {"machine": machine(), "model": _model(), "steps": steps, **results,
             "goodput_best": best, "goodput_gain": round(best["spotray"] - best["baseline"], 4)}
 
@@ -88,15 +88,15 @@ def _kill_schedule(steps: int, rounds: int, clusters: ReusedCluster | None, work
     plan = planner.spread_kills(kills, steps, seed=kills)  # the same schedule for both variants
     hours = (steps * STEP_S + kills * capacity_gap_s) / 3600
     rate = f"fault_tolerance.expected_interruptions_per_hour={kills / hours:.1f}"
-    workdir = workdir or new_workdir()
-    data_url = demo.stdlib_corpus(workdir)
+    with scratch_dir(workdir) as folder:
+        data_url = demo.stdlib_corpus(folder)
 
-    def drill(name: str, r: int, reused: ReusedCluster, _: dict) -> dict:
-        run_dir = planner.drill(Path(workdir) / f"kills-{name}-{r}", data_url, steps, plan, reused,
-                                (*KILL_VARIANTS[name], "checkpoint.every_steps=50", rate), capacity_gap_s)
-        return _measured(json.loads((run_dir / "summary.json").read_text()))
+        def drill(name: str, r: int, reused: ReusedCluster, _: dict) -> dict:
+            run_dir = planner.drill(Path(folder) / f"kills-{name}-{r}", data_url, steps, plan, reused,
+                                    (*KILL_VARIANTS[name], "checkpoint.every_steps=50", rate), capacity_gap_s)
+            return _measured(json.loads((run_dir / "summary.json").read_text()))
 
-    results, best = _interleaved(KILL_VARIANTS, rounds, clusters, workdir, drill)
+        results, best = _interleaved(KILL_VARIANTS, rounds, clusters, folder, drill)
     return {"machine": machine(), "model": _model(), "steps": steps, "faults": "kill",
             "kills_at_steps": [step for _, step in plan], "capacity_gap_s": capacity_gap_s, **results,
             "goodput_best": best, "goodput_gain": round(best["on"] - best["off"], 4)}

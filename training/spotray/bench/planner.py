@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from spotray import config, demo
-from spotray.bench.common import machine, new_workdir
+from spotray.bench.common import machine, scratch_dir
 from spotray.drills.cluster import ReusedCluster, given_or_own
 from spotray.errors import SpotrayError
 from spotray.planning import calibration, planner
@@ -82,10 +82,10 @@ def run(steps: int = 1800, kills: tuple[int, ...] = KILLS, rounds: int = 2, clus
                            f"them {SEVERAL} or more (e.g. 1,2,4)")
     spread_kills(max(kills), steps, seed=0)  # the most kills fit, or one line says how many steps would
     plans = {count: [spread_kills(count, steps, seed=100 * count + r) for r in range(rounds)] for count in kills}
-    workdir = workdir or new_workdir()
-    data_url = demo.stdlib_corpus(workdir)
-    with given_or_own(clusters, Path(workdir) / "ray-logs") as reused:
-        return _run(Path(workdir), data_url, steps, plans, reused)
+    with scratch_dir(workdir) as folder:
+        data_url = demo.stdlib_corpus(folder)
+        with given_or_own(clusters, Path(folder) / "ray-logs") as reused:
+            return _run(Path(folder), data_url, steps, plans, reused)
 
 
 def _run(workdir: Path, data_url: str, steps: int, plans: dict[int, list[list[tuple[str, int]]]],

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spotray.bench.common import machine, new_workdir
+from spotray.bench.common import machine, scratch_dir
 from spotray.data.executors import RayExecutor
 from spotray.data.prepare import prepare
 from spotray.storage import StorageOptions, resolve
@@ -31,11 +31,8 @@ _WORDS = np.array("spot instance node ray train shard token model loss step batc
 
 def run(size_mb: int = 1024, s3_endpoint: str | None = None, rounds: int = 2,
         parallelisms: tuple[int, ...] = (1, 2)) -> dict:
-    workdir = new_workdir()
-    try:
+    with scratch_dir() as workdir:
         return _run(workdir, size_mb, s3_endpoint, rounds, parallelisms)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)  # gigabytes of corpus, outputs and datasets' cache
 
 
 def _run(workdir: str, size_mb: int, s3_endpoint: str | None, rounds: int, parallelisms: tuple[int, ...]) -> dict:

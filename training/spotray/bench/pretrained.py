@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, scratch_dir
 from spotray.config import MODEL_PRESETS
 from spotray.drills.process_group import run_on_process_group
 from spotray.drills.s3local import create_bucket, moto_server
@@ -20,26 +20,27 @@ from spotray.storage import StorageOptions, resolve
 def run(preset: str = "small", s3_endpoint: str | None = None) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    workdir = Path(new_workdir())
-    n_layer, n_head, n_embd = MODEL_PRESETS[preset]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=50304, n_positions=256))
-    model.save_pretrained(workdir / "model")
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    data_url = bench_corpus(str(workdir))
-    with contextlib.ExitStack() as stack:
-        endpoint = s3_endpoint or stack.enter_context(moto_server())
-        url = f"{create_bucket(endpoint)}/model"
-        for path in (workdir / "model").iterdir():
-            resolve(f"{url}/{path.name}", StorageOptions(endpoint_url=endpoint)).put_file(str(path))
-        cfg = config.load(None, [f"data.path={data_url}", f"checkpoint.path={workdir}/ckpt", "parallel=fsdp",
-                                 "scaling.num_workers=2", "train.seq_len=256", f"storage.endpoint_url={endpoint}"],
-                          base={"model": {"hf": {"pretrained": url}}})
-        per_rank = run_on_process_group(_sharded_load, (cfg.to_dict(),), 2)
-    started = time.perf_counter()
-    AutoModelForCausalLM.from_pretrained(workdir / "model")
-    from_pretrained_s = time.perf_counter() - started
+    with scratch_dir() as scratch:
+        workdir = Path(scratch)
+        n_layer, n_head, n_embd = MODEL_PRESETS[preset]
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+            "gpt2", n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=50304, n_positions=256))
+        model.save_pretrained(workdir / "model")
+        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        data_url = bench_corpus(str(workdir))
+        with contextlib.ExitStack() as stack:
+            endpoint = s3_endpoint or stack.enter_context(moto_server())
+            url = f"{create_bucket(endpoint)}/model"
+            for path in (workdir / "model").iterdir():
+                resolve(f"{url}/{path.name}", StorageOptions(endpoint_url=endpoint)).put_file(str(path))
+            cfg = config.load(None, [f"data.path={data_url}", f"checkpoint.path={workdir}/ckpt", "parallel=fsdp",
+                                     "scaling.num_workers=2", "train.seq_len=256", f"storage.endpoint_url={endpoint}"],
+                              base={"model": {"hf": {"pretrained": url}}})
+            per_rank = run_on_process_group(_sharded_load, (cfg.to_dict(),), 2)
+        started = time.perf_counter()
+        AutoModelForCausalLM.from_pretrained(workdir / "model")
+        from_pretrained_s = time.perf_counter() - started
     return {
         "machine": machine(), "model": preset, "architecture": "transformers GPT2LMHeadModel",
         "model_mb": round(model_bytes / 1e6, 1),

@@ -34,7 +34,7 @@ import yaml
 
 from spotray import config
 from spotray.accounts import goodput, ledger
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, scratch_dir
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.s3local import create_bucket, moto_server
@@ -294,26 +294,26 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
     """``clusters``: where the cluster comes from when it may outlive the bench (the drills', whose nodes already hold
     ``s3_endpoint``'s credentials), else one of its own per storage. ``capacity_gap_s``: how long the cluster stays a
     node short after the compared kill."""
-    workdir = new_workdir()
-    data_url = bench_corpus(workdir)
-    compared = Fault("kill", capacity_gap_s)  # spotray's against the baseline's: timed from the replacement's start
-    result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
-              **({"capacity_gap_s": capacity_gap_s} if fault in ("kill", "both") else {})}
-    with contextlib.ExitStack() as stack:
-        for storage in storages:
-            endpoint = None
-            if storage == "s3":  # started before the clusters, so that their nodes inherit its credentials
-                endpoint = s3_endpoint or stack.enter_context(moto_server())
-                ckpt_url = f"{create_bucket(endpoint)}/ckpt"
-            else:
-                ckpt_url = f"{workdir}/ckpt"
-            cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
-            with given_or_own(clusters, Path(workdir) / f"ray-{storage}") as reused:
-                # interleaved, so drift on a noisy machine hits both sides alike
-                found = [_round(fault, compared, cfg_for, i, workdir, reused) for i in range(rounds)]
-            drills = {key: [each[key] for each in found] for key in found[0]}
-            result[storage] = {**drills, **_figures(drills)}
-    return result
+    with scratch_dir() as workdir:
+        data_url = bench_corpus(workdir)
+        compared = Fault("kill", capacity_gap_s)  # spotray's against the baseline's: timed from the replacement's start
+        result = {"machine": machine(), "model": preset, "workers": 2, "checkpoint_every_steps": every, "fault": fault,
+                  **({"capacity_gap_s": capacity_gap_s} if fault in ("kill", "both") else {})}
+        with contextlib.ExitStack() as stack:
+            for storage in storages:
+                endpoint = None
+                if storage == "s3":  # started before the clusters, so that their nodes inherit its credentials
+                    endpoint = s3_endpoint or stack.enter_context(moto_server())
+                    ckpt_url = f"{create_bucket(endpoint)}/ckpt"
+                else:
+                    ckpt_url = f"{workdir}/ckpt"
+                cfg_for = _configs(data_url, ckpt_url, endpoint, storage, preset, every)
+                with given_or_own(clusters, Path(workdir) / f"ray-{storage}") as reused:
+                    # interleaved, so drift on a noisy machine hits both sides alike
+                    found = [_round(fault, compared, cfg_for, i, workdir, reused) for i in range(rounds)]
+                drills = {key: [each[key] for each in found] for key in found[0]}
+                result[storage] = {**drills, **_figures(drills)}
+        return result
 
 
 def _configs(data_url: str, ckpt_url: str, endpoint: str | None, storage: str, preset: str,

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spotray.bench.common import machine, new_workdir
+from spotray.bench.common import machine, scratch_dir
 from spotray.bench.recovery import (
     CAPACITY_GAP_S,
     Fault,
@@ -57,7 +57,7 @@ class _NodeDisks(LocalCluster):
     """A local cluster whose nodes each have a temporary directory of their own (``$TMPDIR`` of the node's Ray
     processes, so of its train workers): ``disks/<node name>``."""
 
-    disks: Path = field(default_factory=lambda: Path(new_workdir()))
+    disks: Path = field(kw_only=True)
     _spawning: Path | None = field(default=None, init=False, repr=False)
 
     def _spawn(self, name, args):
@@ -150,19 +150,20 @@ def run(storages: list[str], s3_endpoint: str | None = None, preset: str = "smal
         raise SpotrayError("bench recovery --script: --rounds and --steps must be at least 1")
     from spotray.examples import hf_finetune
 
-    workdir = Path(new_workdir())
-    script = workdir / "project" / "finetune.py"  # the example as a user has it: its folder is what is shipped
-    script.parent.mkdir()
-    shutil.copy(hf_finetune.__file__, script)
-    args = _script_args(preset, every)
-    result = {"machine": machine(), "model": preset, **_state_mb(preset), "workers": WORKERS,
-              "checkpoint_every_steps": every, "max_steps": STEPS_OVER_EVERY * every, "fault": fault,
-              "capacity_gap_s": capacity_gap_s, "script": "spotray/examples/hf_finetune.py",
-              "baseline_script": "spotray/bench/hf_ray_baseline.py"}
-    with contextlib.ExitStack() as stack:
-        endpoint = s3_endpoint or stack.enter_context(moto_server())  # before the clusters: nodes inherit its keys
-        ckpt_url = f"{create_bucket(endpoint)}/ckpt"
-        result["s3"] = _compare(ckpt_url, endpoint, args, every, script, workdir, rounds, capacity_gap_s)
+    with scratch_dir() as scratch:
+        workdir = Path(scratch)
+        script = workdir / "project" / "finetune.py"  # the example as a user has it: its folder is what is shipped
+        script.parent.mkdir()
+        shutil.copy(hf_finetune.__file__, script)
+        args = _script_args(preset, every)
+        result = {"machine": machine(), "model": preset, **_state_mb(preset), "workers": WORKERS,
+                  "checkpoint_every_steps": every, "max_steps": STEPS_OVER_EVERY * every, "fault": fault,
+                  "capacity_gap_s": capacity_gap_s, "script": "spotray/examples/hf_finetune.py",
+                  "baseline_script": "spotray/bench/hf_ray_baseline.py"}
+        with contextlib.ExitStack() as stack:
+            endpoint = s3_endpoint or stack.enter_context(moto_server())  # before the clusters: nodes inherit its keys
+            ckpt_url = f"{create_bucket(endpoint)}/ckpt"
+            result["s3"] = _compare(ckpt_url, endpoint, args, every, script, workdir, rounds, capacity_gap_s)
     return result
 
 
@@ -174,7 +175,6 @@ def _compare(ckpt_url: str, endpoint: str, args: list[str], every: int, script: 
             for side in SIDES:
                 drills[side].append(_drill(side, f"hf-{side}-{i}", ckpt_url, endpoint, args, every, script, workdir,
                                            clusters, capacity_gap_s))
-    shutil.rmtree(_disks(workdir), ignore_errors=True)  # the Trainers' output dirs: hundreds of MB a drill
     spotray, baseline = drills["spotray"], drills["baseline"]
     return {
         **drills,

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, scratch_dir
 from spotray.checkpoints.dcp import checkpoints_root, list_committed
 from spotray.drills.cluster import LocalCluster, ReusedCluster, given_or_own
 from spotray.drills.outage import OutageProxy
@@ -131,37 +131,39 @@ def run(minutes: float = 20, seed: int = 0, faults: int = 10, clusters: ReusedCl
     training_minutes = max(0.5, (minutes - FAULT_MINUTES * len(kinds)) / 2)  # the soak's run, then the straight one
     gap = max(2 * EVERY, round(training_minutes * STEPS_PER_MINUTE / (len(kinds) + 1) / EVERY) * EVERY)
     max_steps = len(kinds) * gap + max(gap, LAST_FAULT_STEPS)
-    workdir = Path(new_workdir())
-    data_url = bench_corpus(str(workdir))
-    with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own(clusters, workdir / "ray") as reused:
-        ckpt = f"{create_bucket(s3)}/ckpt"
-        root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
-        base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",
-                f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
-                f"checkpoint.keep_last={KEEP_LAST}", f"snapshot.every_steps={SNAPSHOT_EVERY}", "scaling.num_workers=2",
-                "fault_tolerance.preemption_check_every_steps=2", f"storage.endpoint_url={proxy.endpoint}"]
-        faults_done: list[dict] = []
-        most_held = 0
-        driver = _Driver(reused.get(), [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
-        try:
-            driver.start()
-            landing = random.Random(seed)
-            newest = 0  # the newest checkpoint committed as the last fault ended
-            for i, kind in enumerate(kinds):
-                _wait_for_resumed(driver, sum(fault["kind"] in RESTARTS for fault in faults_done))
-                most_held = max(most_held, _wait_for_step(root, max((i + 1) * gap, newest + 1), driver))
-                time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
-                driver.sample()
-                faults_done.append(_inject(kind, driver, root, proxy, reused))
-                newest = max((c.step for c in _committed(root)), default=0)
-            summary = _finish(driver)
-            most_held = max(most_held, _held(root))
-            saves = {"failed": _failed_saves(driver), "committed": [c.step for c in _committed(root)]}
-            straight = _straight_run(base, ckpt)
-        except BaseException:
-            reused.discard()  # a driver may still run there
-            raise
-        status = run_status.gather(root.url, StorageOptions(endpoint_url=s3))
+    with scratch_dir() as scratch:
+        workdir = Path(scratch)
+        data_url = bench_corpus(str(workdir))
+        with moto_server() as s3, OutageProxy(s3) as proxy, given_or_own(clusters, workdir / "ray") as reused:
+            ckpt = f"{create_bucket(s3)}/ckpt"
+            root = resolve(ckpt, StorageOptions(endpoint_url=s3)).child(RUN)
+            base = [f"data.path={data_url}", "model.preset=tiny", "train.seq_len=32", "train.global_batch_size=12",
+                    f"train.max_steps={max_steps}", "train.log_every=1", f"checkpoint.every_steps={EVERY}",
+                    f"checkpoint.keep_last={KEEP_LAST}", f"snapshot.every_steps={SNAPSHOT_EVERY}",
+                    "scaling.num_workers=2", "fault_tolerance.preemption_check_every_steps=2",
+                    f"storage.endpoint_url={proxy.endpoint}"]
+            faults_done: list[dict] = []
+            most_held = 0
+            driver = _Driver(reused.get(), [*base, f"checkpoint.path={ckpt}", f"run.name={RUN}"], workdir)
+            try:
+                driver.start()
+                landing = random.Random(seed)
+                newest = 0  # the newest checkpoint committed as the last fault ended
+                for i, kind in enumerate(kinds):
+                    _wait_for_resumed(driver, sum(fault["kind"] in RESTARTS for fault in faults_done))
+                    most_held = max(most_held, _wait_for_step(root, max((i + 1) * gap, newest + 1), driver))
+                    time.sleep(landing.uniform(0, 1))  # anywhere in the next checkpoint interval or two
+                    driver.sample()
+                    faults_done.append(_inject(kind, driver, root, proxy, reused))
+                    newest = max((c.step for c in _committed(root)), default=0)
+                summary = _finish(driver)
+                most_held = max(most_held, _held(root))
+                saves = {"failed": _failed_saves(driver), "committed": [c.step for c in _committed(root)]}
+                straight = _straight_run(base, ckpt)
+            except BaseException:
+                reused.discard()  # a driver may still run there
+                raise
+            status = run_status.gather(root.url, StorageOptions(endpoint_url=s3))
     report = _report(kinds, faults_done, summary, straight, status, driver.samples, most_held, max_steps, seed, minutes,
                      saves)
     return {**report, "wall_s": round(time.time() - started)}

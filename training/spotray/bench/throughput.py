@@ -14,7 +14,7 @@ import sys
 import torch
 
 from spotray import config
-from spotray.bench.common import bench_corpus, check_gpus, machine, new_workdir, random_token_corpus
+from spotray.bench.common import bench_corpus, check_gpus, machine, random_token_corpus, scratch_dir
 from spotray.data.dataset import TokenDataset
 from spotray.driver import launch
 from spotray.errors import SpotrayError
@@ -111,23 +111,23 @@ def run(steps: int = 20, rounds: int = 2, preset: str = "small", workers: int = 
     ``preset``; ``overrides``: ``--set`` config overrides, which the bare loop ignores where it has no such feature
     (``snapshot.every_steps``: spotray's snapshots against a loop without them)."""
     check_gpus(gpu, workers)
-    workdir = new_workdir()
-    data_url = random_token_corpus(workdir, vocab_size) if vocab_size else bench_corpus(workdir)
-    bare, spotray = [], []
-    for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
-        cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config, overrides)
-        bare.append(_bare_step_s(cfg))
-        spotray.append(_spotray_step_s(cfg))
-    tokens_per_s = cfg.train.global_batch_size * cfg.train.seq_len / min(spotray)
-    return {
-        "machine": machine(), "workers": workers, "seq_len": cfg.train.seq_len,
-        "model": preset if hf_config is None else _hf_name(cfg),
-        "vocab_size": TokenDataset.open(data_url, cfg.train.seq_len).vocab_size,
-        "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
-        "overrides": list(overrides),
-        "bare_torchrun_step_s": [round(s, 4) for s in bare],
-        "spotray_ray_step_s": [round(s, 4) for s in spotray],
-        "step_time_ratio": round(min(spotray) / min(bare), 3),
-        "spotray_tokens_per_s": round(tokens_per_s, 1),
-        "mfu": _round(_mfu(cfg, tokens_per_s), 4),
-    }
+    with scratch_dir() as workdir:
+        data_url = random_token_corpus(workdir, vocab_size) if vocab_size else bench_corpus(workdir)
+        bare, spotray = [], []
+        for i in range(rounds):  # interleaved, so drift on a noisy machine hits both sides alike
+            cfg = _config(data_url, workdir, steps, f"throughput-{i}", preset, workers, gpu, hf_config, overrides)
+            bare.append(_bare_step_s(cfg))
+            spotray.append(_spotray_step_s(cfg))
+        tokens_per_s = cfg.train.global_batch_size * cfg.train.seq_len / min(spotray)
+        return {
+            "machine": machine(), "workers": workers, "seq_len": cfg.train.seq_len,
+            "model": preset if hf_config is None else _hf_name(cfg),
+            "vocab_size": TokenDataset.open(data_url, cfg.train.seq_len).vocab_size,
+            "global_batch_size": cfg.train.global_batch_size, "steps": steps, "gpu": gpu, "dtype": cfg.train.dtype,
+            "overrides": list(overrides),
+            "bare_torchrun_step_s": [round(s, 4) for s in bare],
+            "spotray_ray_step_s": [round(s, 4) for s in spotray],
+            "step_time_ratio": round(min(spotray) / min(bare), 3),
+            "spotray_tokens_per_s": round(tokens_per_s, 1),
+            "mfu": _round(_mfu(cfg, tokens_per_s), 4),
+        }

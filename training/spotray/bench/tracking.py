@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spotray import config
-from spotray.bench.common import bench_corpus, machine, new_workdir
+from spotray.bench.common import bench_corpus, machine, scratch_dir
 from spotray.drills.mlflowlocal import mlflow_server
 from spotray.driver import launch
 
@@ -30,18 +30,18 @@ def _trackers(workdir: str, mlflow_url: str) -> list[str]:
 
 
 def run(steps: int = 60, rounds: int = 2, preset: str = "small", workers: int = 2) -> dict:
-    workdir = new_workdir()
-    data_url = bench_corpus(workdir)
-    step_s: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    gaps = []
-    with mlflow_server(Path(workdir) / "mlflow") as server:
-        for i in range(rounds):  # interleaved, so drift on a noisy machine hits every variant alike
-            for variant in VARIANTS:
-                trackers = _trackers(workdir, server.url) if variant == "tracked" else []
-                cfg = _config(data_url, workdir, steps, f"{variant}-{i}", preset, workers, trackers)
-                summary = launch.run(cfg)
-                step_s[variant].append(cfg.train.global_batch_size * cfg.train.seq_len / summary["tokens_per_s"])
-                gaps += summary["tracking_gaps"]
+    with scratch_dir() as workdir:
+        data_url = bench_corpus(workdir)
+        step_s: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        gaps = []
+        with mlflow_server(Path(workdir) / "mlflow") as server:
+            for i in range(rounds):  # interleaved, so drift on a noisy machine hits every variant alike
+                for variant in VARIANTS:
+                    trackers = _trackers(workdir, server.url) if variant == "tracked" else []
+                    cfg = _config(data_url, workdir, steps, f"{variant}-{i}", preset, workers, trackers)
+                    summary = launch.run(cfg)
+                    step_s[variant].append(cfg.train.global_batch_size * cfg.train.seq_len / summary["tokens_per_s"])
+                    gaps += summary["tracking_gaps"]
     best = {variant: min(seconds) for variant, seconds in step_s.items()}
     return {"machine": machine(), "model": preset, "workers": workers, "steps": steps, "rounds": rounds,
             "step_s": {variant: [round(s, 4) for s in seconds] for variant, seconds in step_s.items()},
