@@ -68,14 +68,16 @@ def test_the_streams_are_restored_when_the_run_fails(tmp_path, capfd):
     assert "before the failure" in log.read_text()
 
 
-def test_an_s3_run_uploads_its_log_beside_the_ledger(s3_bucket, capfd):
+def test_an_s3_run_uploads_its_log_beside_the_ledger_and_keeps_no_local_copy(s3_bucket, capfd):
     bucket, options = s3_bucket
     log = resolve(f"{bucket}/ckpt/run/logs/train.log", options)
     with RunConsole(log) as console:
         print("(RayTrainWorker pid=41) spotray INFO: step 1/6", flush=True)
         assert console.where.startswith(f"{log.url} (uploaded every 60 s; meanwhile /")
+        assert os.path.exists(console.local_path)
     assert "spotray INFO: step 1/6" in log.read_text()
     assert capfd.readouterr().err == ""
+    assert not os.path.exists(os.path.dirname(console.local_path))  # every S3 run would leave one in /tmp
 
 
 def test_an_unreachable_log_bucket_is_one_warning_and_the_log_stays_local(s3_server, capfd):

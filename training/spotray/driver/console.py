@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import sys
 import tempfile
 import threading
@@ -89,6 +90,8 @@ class RunConsole:
         self._file.close()
         if self.log.is_s3:
             self._upload()
+            if self._uploaded_size == os.path.getsize(self.local_path):  # the bucket's copy is whole: no local one
+                shutil.rmtree(os.path.dirname(self.local_path), ignore_errors=True)
         self._terminal.close()
 
     def _local_path(self) -> str:
