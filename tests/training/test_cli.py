@@ -224,3 +224,16 @@ def test_help_and_plan_import_no_torch(argv):
             "print('torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout.splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize(("argv", "unknown", "usage_names"), [
+    (["prepare", "corpus.jsonl", "data"], "corpus.jsonl data", "--input URL"),
+    (["status", "runs/a", "runs/b"], "runs/b", "RUN_URL"), (["train", "--steps", "4"], "--steps", "--set KEY=VALUE")])
+def test_an_argument_a_command_does_not_take_is_said_with_that_commands_usage(argv, unknown, usage_names, capsys):
+    from spotray.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith(f"usage: spotray {argv[0]} ") and usage_names in err
+    assert err.splitlines()[-1] == f"spotray {argv[0]}: error: unrecognized arguments: {unknown}"

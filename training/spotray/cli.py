@@ -65,6 +65,17 @@ def _number_or_text(text: str) -> float | str:
         return text
 
 
+def _without_script(args: argparse.Namespace) -> str:
+    """What to write instead of positional arguments (or ``--debug``) given to ``train`` without ``--script``."""
+    first = args.script_args[0] if args.script_args else ""
+    if first.endswith((".yaml", ".yml")) and not args.debug:
+        return f"{first}: give a config file with --config {first}"
+    if first.endswith(".py") and not args.debug:
+        return f"{first}: run a script with --script {first} (its arguments after --)"
+    extra = "--debug" if args.debug else f"the arguments {' '.join(args.script_args)}"
+    return f"{extra}: only with --script FILE (a script's arguments follow `--script FILE --`)"
+
+
 def _cmd_train(args: argparse.Namespace) -> None:
     from spotray import config
 
@@ -72,8 +83,7 @@ def _cmd_train(args: argparse.Namespace) -> None:
     if args.audit_dir:
         overrides.append(f"audit_dir={args.audit_dir}")
     if (args.script_args or args.debug) and not args.script:
-        extra = "--debug" if args.debug else f"the arguments {' '.join(args.script_args)}"
-        raise SpotrayError(f"{extra}: only with --script FILE (a script's arguments follow `--script FILE --`)")
+        raise SpotrayError(_without_script(args))
     script = {"script": {"path": args.script, "args": args.script_args, "debug": args.debug}} if args.script else {}
     cfg = config.load(args.config, overrides, base=script)
     if args.script:
@@ -334,7 +344,9 @@ def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersA
             register_half(sub)
         for verb, summary in PROGRAM_VERBS.items() if not halves else ():
             sub.add_parser(verb, help=summary)
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's own parser, whose usage names what it takes
+            sub.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
         args.func(args)
     except SpotrayError as exc:
         print(f"spotray: error: {exc}", file=sys.stderr)

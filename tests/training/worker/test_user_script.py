@@ -81,9 +81,18 @@ def test_status_lists_a_scripts_checkpoint_and_export_refuses_it_in_one_line(tmp
     assert "step 10 holds a training script's own files" in line and not (tmp_path / "model").exists()
 
 
-def test_script_arguments_and_debug_need_a_script(capsys):
-    assert main(["train", "--debug"]) == 2
-    assert "--debug: only with --script FILE" in one_error_line(capsys.readouterr().err)
+NEEDS_A_SCRIPT = "only with --script FILE (a script's arguments follow `--script FILE --`)"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--debug"], f"--debug: {NEEDS_A_SCRIPT}"),
+    (["--", "--max-steps", "4"], f"the arguments --max-steps 4: {NEEDS_A_SCRIPT}"),
+    (["my.yaml"], "my.yaml: give a config file with --config my.yaml"),
+    (["finetune.py"], "finetune.py: run a script with --script finetune.py (its arguments after --)"),
+])
+def test_script_arguments_and_debug_need_a_script_and_a_config_or_script_given_bare_is_named(argv, said, capsys):
+    assert main(["train", *argv]) == 2
+    assert one_error_line(capsys.readouterr().err) == f"spotray: error: {said}"
 
 
 @pytest.mark.e2e
