@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None, *halves: Callable[[argparse._SubParsersA
             program = _program_cli(argv)
             return program.main(argv) if program else 0
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+        logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials in ...": not a line for the user
         parser = argparse.ArgumentParser(prog="spotray", description="Train on GPU spot capacity with Ray.")
         sub = parser.add_subparsers(dest="command", required=True)
         for register_half in (register, *halves):

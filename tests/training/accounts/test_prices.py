@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -454,6 +455,24 @@ def test_the_prices_command_writes_the_file_and_prints_a_line_per_type(tmp_path,
         "g6.xlarge in us-east-1: on-demand $0.8048/h, spot $0.3964-0.3964/h now over 1 zone (51% below on-demand at "
         "the cheapest)",
         f"wrote {output}: name it in cost.prices_file"]
+
+
+def test_the_prices_command_that_fails_says_one_line_and_no_line_of_botocores(tmp_path):
+    """boto3 logs where it found the credentials at INFO, which the command line's logging would print."""
+    code = f"""import sys, boto3
+from botocore.config import Config
+from spotray import cli
+from spotray.accounts import aws_prices
+config = Config(retries={{"max_attempts": 1}}, connect_timeout=2)
+aws_prices.clients = lambda region: tuple(boto3.client(service, region_name=region, config=config,
+    endpoint_url="http://127.0.0.1:{free_port()}") for service in ("ec2", "pricing"))
+sys.exit(cli.main(["prices", "--region", "us-east-1", "--instance-types", "g5.xlarge", "--output", "prices.json"]))
+"""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("spotray: error: prices: cannot reach AWS for the Pricing API's GetProducts")
 
 
 def test_the_prices_command_requires_region_types_and_output(capsys):
