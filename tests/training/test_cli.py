@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from spotray.storage import resolve
 from tests.console import assert_full_log, assert_quiet_console, the_log
 from tests.corpus import write_corpus
 from tests.repo import REPO
+from tests.training.driver.test_lease import hold
 
 SPOTRAY = Path(sys.executable).parent / "spotray"
 # Every process that starts with it on its path (Ray's workers too) finds none of the extra's packages, and leaves
@@ -131,6 +133,19 @@ def test_a_run_into_a_bucket_that_does_not_exist_is_one_line_before_its_header_a
                    "--set", f"storage.endpoint_url={s3_server}")
     assert_one_line_error(proc, "cannot write s3://missing/runs/spotray", "no bucket 'missing'")
     assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_run_that_another_live_driver_trains_is_refused_in_one_line_touching_nothing(spotray, dataset_url, tmp_path):
+    """A second terminal's `spotray train` of the same run: it resumed from the first one's step, removed its
+    snapshots and ended its attempt as lost, or failed on checkpoints the first one's retention deleted."""
+    run = resolve(str(tmp_path / "ckpt" / "spotray"))
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) as other:
+        hold(run.child("attempts"), other.pid)
+        proc = spotray("train", "--set", f"data.path={dataset_url}", "--set", f"checkpoint.path={tmp_path}/ckpt")
+        other.kill()
+    assert_one_line_error(proc, f"run 'spotray' at {run.url} is being trained by another driver (pid {other.pid} on ")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert [path.name for path in (tmp_path / "ckpt" / "spotray" / "attempts").iterdir()] == ["driver.json"]
 
 
 # The prepare-on-Ray test below runs Ray's workers without the extra, and the manual's example's test in

@@ -100,16 +100,16 @@ def test_a_node_loss_reported_after_a_start_again_replaces_it_as_the_attempts_en
 
 def test_a_driver_that_never_recorded_its_end_was_lost_with_its_last_attempt(root):
     write_attempt(root, "a", 0, 50, STATUS)
-    endings.driver_started(root, "a")  # the first driver that records itself: a ledger from before has no record
+    endings.driver_started(root, "a", {})  # the first driver that records itself: a ledger from before has no record
     assert recorded_kind(root, "a") is None
-    endings.driver_started(root, "a")  # a rerun, and the first driver never ended
+    endings.driver_started(root, "a", {})  # a rerun, and the first driver never ended
     assert recorded_kind(root, "a") == endings.DRIVER_LOST
 
 
 def test_a_driver_that_ended_leaves_its_attempt_as_it_recorded_it(root):
     write_attempt(root, "a", 0, 50, STATUS)
-    endings.driver_started(root, "a")
+    endings.driver_started(root, "a", {})
     endings.driver_ended(root, "a", endings.STOPPED, "SIGTERM")
-    endings.driver_started(root, "a")
+    endings.driver_started(root, "a", {})
     assert recorded_kind(root, "a") == endings.STOPPED
 

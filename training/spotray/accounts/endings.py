@@ -100,19 +100,30 @@ def record(root: Location, attempt_id: str, kind: str, reason: str) -> None:
         location.write_text(json.dumps({"kind": kind, "reason": reason, "at": time.time()}, sort_keys=True))
 
 
-def driver_started(root: Location, newest_attempt: str | None) -> None:
-    """This driver starts: a previous driver that never recorded its end was lost, and so was its last attempt."""
-    location = root.child(DRIVER_FILE)
-    text = location.read_text_if_exists()
-    if text is not None and not json.loads(text).get("ended") and newest_attempt:
+def driver_started(root: Location, newest_attempt: str | None, holder: dict) -> dict:
+    """This driver starts (``holder``: its process, ``spotray.driver.lease``): a previous driver that never recorded
+    its end was lost, and so was its last attempt. Returns the record written."""
+    previous = driver_record(root)
+    if previous is not None and not previous.get("ended") and newest_attempt:
         record(root, newest_attempt, DRIVER_LOST, "the driver that ran it ended without recording why")
-    location.write_text(json.dumps({"started_at": time.time(), "ended": False}))
+    started = {"started_at": time.time(), "ended": False, **holder}
+    driver_renewed(root, started)
+    return started
+
+
+def driver_renewed(root: Location, started: dict) -> None:
+    root.child(DRIVER_FILE).write_text(json.dumps(started))
+
+
+def driver_record(root: Location) -> dict | None:
+    text = root.child(DRIVER_FILE).read_text_if_exists()
+    return None if text is None else json.loads(text)
 
 
 def driver_has_ended(root: Location) -> bool:
     """Whether the run's newest driver recorded its end: it let the run's snapshot holders go then."""
-    text = root.child(DRIVER_FILE).read_text_if_exists()
-    return text is not None and bool(json.loads(text).get("ended"))
+    written = driver_record(root)
+    return written is not None and bool(written.get("ended"))
 
 
 def driver_ended(root: Location, newest_attempt: str | None, kind: str | None, reason: str) -> None:

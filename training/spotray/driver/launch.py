@@ -34,6 +34,7 @@ from spotray.config import ScalingSection, TrainConfig, from_dict
 from spotray.driver.console import WORKER_FORMAT
 from spotray.driver.failure_budget import FailureBudget, charges, preemptions_spent, verdict
 from spotray.driver.head_watch import HeadWatch
+from spotray.driver.lease import DriverLease, check_free
 from spotray.driver.node_watch import EVIDENCE_AT_END_S, NodeWatch, awaiting_evidence
 from spotray.driver.placement import group_fits, holds, resources_text, worker_group_placement
 from spotray.driver.progress import ProgressMonitor
@@ -202,7 +203,8 @@ def failure_config() -> FailureConfig:
 def preflight(cfg: TrainConfig) -> Task | None:
     """Fail fast on the driver before any worker starts: every configured tracker's library imports, the prices file
     reads, and the task loads and opens its dataset (for the built-in tasks: the dataset index and the model config
-    only), or the script is there (None: a script has no task); then the run's storage takes a write."""
+    only), or the script is there (None: a script has no task); then the run's storage takes a write, and no other
+    driver trains the run."""
     check_installed(cfg.tracking)
     if cfg.cost.prices_file:
         read_prices_file(cfg.cost.prices_file, cfg.storage.options())
@@ -215,6 +217,7 @@ def preflight(cfg: TrainConfig) -> Task | None:
         if cfg.evaluates:
             evaluation.preflight(cfg, task)
     run_root(cfg).check_writable()
+    check_free(ledger.attempts_root(run_root(cfg)), cfg.run.name)
     return task
 
 
@@ -242,12 +245,12 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
     _remove_snapshots(root)  # a driver before this one left them: they may be of another lineage
     attempts = root.child("attempts")
     ledger.mark_run_started(attempts)
-    endings.driver_started(attempts, _newest_attempt(attempts))
     nodes = NodeWatch(attempts, NodeRecorder(attempts, cfg.cost, prices))
     follower = Follower(cfg, root, stream=console)  # the run's experiment trackers, fed from the ledger
     head = HeadWatch(ray.get_runtime_context().gcs_address if ray.is_initialized() else None)
     ending: tuple[str | None, str] = (None, "")  # how the newest attempt ended, where only this driver knows
     started_at = time.time()
+    lease = DriverLease(attempts, cfg.run.name).start(_newest_attempt(attempts))
     try:
         with _stop_on_sigterm(), head, ProgressMonitor(
                 attempts, tokens_per_step, stream=console, nodes=nodes,
@@ -278,6 +281,7 @@ def run(cfg: TrainConfig, worker_logs: bool = True, console: TextIO | None = Non
             raise user_script.ScriptFailed(cause.removeprefix(failed_script)) from exc
         raise TrainingFailed(f"training run '{cfg.run.name}' failed: {cause}") from exc
     finally:
+        lease.stop()
         _end_driver(attempts, root, ending, head.lost)
     if cfg.script.path and (done := _script_trained_nothing(attempts)) is not None:
         (console or sys.stderr).write(f"spotray: run '{cfg.run.name}' finished at step {done} already: nothing to "
