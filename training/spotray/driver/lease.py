@@ -2,7 +2,8 @@
 remove the first one's snapshots, end its attempt as lost, and overwrite its checkpoints and ledger; it is refused in
 one line instead (``check_free``, in the preflight). The driver's record in the ledger (``endings.DRIVER_FILE``) names
 its process and host while it runs and is renewed every ``RENEW_S``; a holder on this host is alive while its process
-is, one elsewhere while it renewed within ``STALE_S`` (a killed driver's rerun on another host waits out the rest).
+is, one elsewhere while it renews: a driver that sees one renewed within ``STALE_S`` waits out the rest, refused as
+soon as it sees a renewal (a RayJob retry's new cluster may start before the lost one's driver looks gone).
 
 Object stores have no lock that both local folders and S3 offer, so two drivers started within the same second may
 both pass; the refusal is for the mistake people make (a second terminal, a job submitted twice), not a lock."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -31,18 +33,16 @@ log = logging.getLogger(__name__)
 
 def check_free(attempts: Location, run_name: str) -> None:
     """Raises, naming the holder and what to do, where a live driver other than this process trains the run whose
-    ledger is ``attempts``."""
-    now = time.time()
+    ledger is ``attempts``; waits up to ``STALE_S`` for one elsewhere to show whether it still renews."""
     held = _holder(attempts)
-    if held is None or not _alive(held, now):
+    if held is None or not _alive(held, time.time()):
         return
-    seen = max(0.0, now - held["renewed_at"])
+    if held["host"] != socket.gethostname() and (held := _renewal_seen(attempts, held, run_name)) is None:
+        return
     started = time.strftime("%H:%M:%S UTC", time.gmtime(held["started_at"]))
-    wait = "" if held["host"] == socket.gethostname() else \
-        f"; if it is gone, this command can run in {max(1.0, STALE_S - seen):.0f} s"
     raise SpotrayError(f"run '{run_name}' at {attempts.parent().url} is being trained by another driver (pid "
-                       f"{held['pid']} on {held['host']}, started {started}, seen {seen:.0f} s ago): stop it or let "
-                       f"it end, or give another run.name{wait}")
+                       f"{held['pid']} on {held['host']}, started {started}, {_seen(held)}): stop it or let it end, "
+                       "or give another run.name")
 
 
 class DriverLease:
@@ -82,6 +82,29 @@ class DriverLease:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S) and self.renew_once():
             pass
+
+
+def _renewal_seen(attempts: Location, held: dict, run_name: str) -> dict | None:
+    """Waits until the driver elsewhere that ``held`` names renews its record or another driver takes it (the newer
+    record), or until it goes stale or is gone (None)."""
+    print(f"spotray: run '{run_name}' was trained by a driver on {held['host']} {_seen(held)}: waiting up to "
+          f"{_stale_in(held):.0f} s for it to renew its record or be gone", file=sys.stderr, flush=True)
+    while _stale_in(held) > 0:
+        time.sleep(min(RENEW_S / 4, _stale_in(held)))
+        latest = _holder(attempts)
+        if latest is None:
+            return None
+        if (latest["owner"], latest["renewed_at"]) != (held["owner"], held["renewed_at"]):
+            return latest
+    return None
+
+
+def _seen(held: dict) -> str:
+    return f"seen {max(0.0, time.time() - held['renewed_at']):.0f} s ago"
+
+
+def _stale_in(held: dict) -> float:
+    return max(0.0, held["renewed_at"] + STALE_S - time.time())
 
 
 def _holder(attempts: Location) -> dict | None:
