@@ -67,13 +67,15 @@ def _number_or_text(text: str) -> float | str:
 
 def _without_script(args: argparse.Namespace) -> str:
     """What to write instead of positional arguments (or ``--debug``) given to ``train`` without ``--script``."""
-    first = args.script_args[0] if args.script_args else ""
-    if first.endswith((".yaml", ".yml")) and not args.debug:
+    needs_a_script = "only with --script FILE (a script's arguments follow `--script FILE --`)"
+    if args.debug:
+        return f"--debug: {needs_a_script}"
+    first = args.script_args[0]
+    if first.endswith((".yaml", ".yml")):
         return f"{first}: give a config file with --config {first}"
-    if first.endswith(".py") and not args.debug:
+    if first.endswith(".py"):
         return f"{first}: run a script with --script {first} (its arguments after --)"
-    extra = "--debug" if args.debug else f"the arguments {' '.join(args.script_args)}"
-    return f"{extra}: only with --script FILE (a script's arguments follow `--script FILE --`)"
+    return f"the arguments {' '.join(args.script_args)}: {needs_a_script}"
 
 
 def _cmd_train(args: argparse.Namespace) -> None:
