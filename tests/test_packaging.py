@@ -10,9 +10,11 @@ import json
 import shutil
 import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import setuptools
+from packaging.requirements import Requirement
 
 from spotray.export import export
 from spotray.reports import status
@@ -43,6 +45,26 @@ def test_the_wheel_holds_spotray_alone_and_every_module_imports_from_its_own_fil
         assert spec is not None and spec.origin is not None, name
         assert Path(spec.origin) == path, name
     assert not [finder for finder in sys.meta_path if "editable" in type(finder).__module__.lower()]
+
+
+def test_what_the_package_imports_as_it_loads_is_among_its_dependencies():
+    """A user's `pip install spotray` has the dependencies only, not the dev extra the tests run with (psutil was
+    there alone). The benches, drills and examples are the repository's tooling, run with the dev extra."""
+    declared = {Requirement(r).name.lower()
+                for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    owners = packages_distributions()
+    missing = []
+    for path in sorted((REPO / "training" / "spotray").rglob("*.py")):
+        if path.relative_to(REPO / "training" / "spotray").parts[0] in ("bench", "drills", "examples"):
+            continue
+        for node in ast.parse(path.read_text()).body:  # the module's own imports, not those in its functions
+            if isinstance(node, ast.Import | ast.ImportFrom) and not getattr(node, "level", 0):
+                for name in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]:
+                    top = str(name).split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in ("spotray", "__future__") and not {
+                            d.lower() for d in owners.get(top, [top])} & declared:
+                        missing.append(f"{path.relative_to(REPO)}: {top}")
+    assert not missing
 
 
 def test_no_module_imports_the_training_folder_by_its_name():
